@@ -23,7 +23,7 @@ use super::streams::{stream_worker, Arrival, Streams};
 use super::unreachable::{address_of, Unopened, Unreachable};
 use super::updates::{close_session, Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
 use super::{client_stats, STREAM_RETRY};
-use crate::client::landing::{lock, Landed, SlotQueue};
+use crate::client::landing::{lock, SlotQueue};
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
 use crate::error::{error_from_status, Result};
@@ -70,8 +70,8 @@ pub(super) struct Driver {
     pub(super) idle_since: Option<Instant>,
     /// Since when no worker stream has been open while batches were wanted.
     pub(super) unserved_since: Option<Instant>,
-    /// Slots owed to the pool by failed steps whose slot a duplicate's landing held: the next
-    /// ones given back go to the pool instead of the queue.
+    /// Slots owed to the pool by failed steps whose slot a duplicate's landing held: taken from
+    /// the queue at the next tick that finds them there.
     pub(super) owed_slots: usize,
 }
 
@@ -133,18 +133,21 @@ impl Driver {
         }
     }
 
-    /// Gives `landed`'s slot back to the queue, or to the pool while failed steps owe it one.
-    fn give_back(&mut self, landed: Landed) {
-        if self.owed_slots > 0 {
-            self.owed_slots -= 1;
-            drop(landed);
-        } else {
-            landed.give_back(&self.free_slots);
+    /// `step` arrived (its batch or its error): the floor moves past what arrived in order, and
+    /// the idle clock starts once every step asked for is in.
+    fn received(&mut self, step: u64, floor: &mut u64, ahead: &mut BTreeSet<u64>) {
+        ahead.insert(step);
+        while ahead.first() == Some(floor) {
+            ahead.pop_first();
+            *floor += 1;
+        }
+        if *floor + ahead.len() as u64 >= self.requested {
+            self.idle_since.get_or_insert_with(Instant::now);
         }
     }
 
-    /// Pays the slots owed from the queue, as far as it holds them (a landing cut off puts its
-    /// slot back there itself).
+    /// Pays the slots owed to the pool from the queue, as far as it holds them (a duplicate's
+    /// slot goes back there, and a landing cut off puts its own back).
     fn settle_owed_slots(&mut self) {
         while self.owed_slots > 0 && lock(&self.free_slots).pop_front().is_some() {
             self.owed_slots -= 1;
@@ -346,12 +349,12 @@ impl Driver {
                         let step = batch.step;
                         if batch.epoch != self.epoch || batch.rank != self.rank || step >= self.steps {
                             tracing::warn!(epoch = batch.epoch, rank = batch.rank, step, "batch for another session dropped");
-                            self.give_back(*landed);
+                            landed.give_back(&self.free_slots);
                             continue;
                         }
                         if step < *floor || ahead.contains(&step) {
                             tracing::debug!(step, "duplicate batch dropped");
-                            self.give_back(*landed);
+                            landed.give_back(&self.free_slots);
                             continue;
                         }
                         // Every stream sending here is of this opening of the session (the
@@ -362,18 +365,11 @@ impl Driver {
                             self.stall_reopen = (self.stall_reopen / 2).max(self.stall_base);
                         }
                         progress_at = Instant::now();
-                        ahead.insert(step);
-                        while ahead.first() == Some(floor) {
-                            ahead.pop_first();
-                            *floor += 1;
-                        }
+                        self.received(step, floor, ahead);
                         acks.push(step);
                         // Latency: from the oldest open request (credits are served in order).
                         let (batch, asked) = landed.finish();
                         let service = asked.unwrap_or(received).elapsed();
-                        if *floor + ahead.len() as u64 >= self.requested {
-                            self.idle_since.get_or_insert_with(Instant::now);
-                        }
                         let built = Built { step, service, result: Ok(batch) };
                         if self.batches.send(Ok(built)).is_err() {
                             break SessionEnd::Stop;
@@ -399,23 +395,16 @@ impl Driver {
                             tracing::debug!(step, "a duplicate batch's error dropped");
                             break SessionEnd::Reopen;
                         }
-                        ahead.insert(step);
-                        while ahead.first() == Some(floor) {
-                            ahead.pop_first();
-                            *floor += 1;
-                        }
+                        self.received(step, floor, ahead);
                         // The step's slot goes back to the pool, as in process (left queued,
                         // one per failed step, they would hold the pool's slots for good); its
                         // wait counts from the oldest open request, as a batch's does.
                         let oldest = lock(&self.free_slots).pop_front();
                         if oldest.is_none() {
-                            // A duplicate's landing holds it: taken when that gives it back.
+                            // A duplicate's landing holds it: paid once it is back.
                             self.owed_slots += 1;
                         }
                         let service = oldest.map_or(Duration::ZERO, |(_, at)| at.elapsed());
-                        if *floor + ahead.len() as u64 >= self.requested {
-                            self.idle_since.get_or_insert_with(Instant::now);
-                        }
                         let worker = address_of(&workers, worker);
                         let context = format!("worker {worker} could not build step {step}");
                         let result = Err(error_from_status(&context, &status));
@@ -501,7 +490,7 @@ impl Driver {
         // again): their slots go back to the queue.
         while let Ok(arrival) = arrivals.try_recv() {
             if let Arrival::Batch { batch, .. } = arrival {
-                self.give_back(*batch);
+                batch.give_back(&self.free_slots);
             }
         }
         if !updates.all_applied() {
