@@ -9,7 +9,7 @@ use std::time::Duration;
 use stoker_proto::v1::TaskLease;
 use tonic::Status;
 
-use crate::client_stream::{queue, Queued};
+use crate::client_stream::{queue, Item, Queued};
 
 use super::subscriptions::Found;
 use super::{Outcome, Shared};
@@ -21,40 +21,32 @@ pub(super) type Draining = tokio::sync::watch::Receiver<Option<tokio::time::Inst
 /// Sends a batch's error to its client's stream: complete once it is in the stream, unclaimed
 /// when the client had no stream or took nothing (the step is tried again for it).
 pub(super) async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcome {
-    let Some(token) = &task.session else {
-        return Outcome::Failed(task.lease_id, "lease without a session".into());
-    };
-    let key = super::subscriptions::key_of(token);
-    let wait = shared.delivery_timeout;
-    let unclaimed =
-        |why: &str| Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"));
-    let (sender, progress) = match shared.subscription(key, wait).await {
-        Found::Open(sender, progress) => (sender, progress),
-        Found::Gone => return unclaimed("the client's stream of this opening closed"),
-        Found::NotYet => return unclaimed("no stream from the client"),
-    };
-    match queue(&sender, &progress, Err(status), wait).await {
-        Queued::Done => Outcome::Completed(task.lease_id),
-        Queued::Closed => unclaimed("the client closed its stream"),
-        Queued::Stalled => {
-            shared.end_subscription(key, &sender);
-            unclaimed("the client's stream took nothing")
-        }
-    }
+    put_on_stream(shared, task, Err(status), "its error").await
 }
 
+/// Delivers a built batch to its client's stream, as [`send_error`] does an error; the wire's
+/// form only as it goes onto the stream.
 pub(super) async fn deliver(
     shared: &Shared,
     task: &TaskLease,
     batch: stoker_pipeline::Batch,
 ) -> Outcome {
+    put_on_stream(shared, task, Ok(batch.into()), "its batch").await
+}
+
+/// Puts `item` (`what` for the task) on the stream of `task`'s session, waiting for it to open
+/// and for room in it as [`queue`] does: complete once in the stream, unclaimed when the
+/// client had none (or a stale opening's), closed it or took nothing, and then the stream is
+/// ended.
+async fn put_on_stream(shared: &Shared, task: &TaskLease, item: Item, what: &str) -> Outcome {
     let Some(token) = &task.session else {
         return Outcome::Failed(task.lease_id, "lease without a session".into());
     };
     let key = super::subscriptions::key_of(token);
     let wait = shared.delivery_timeout;
     let session = token.session_id;
-    let unclaimed = |why: String| Outcome::Unclaimed(task.lease_id, why);
+    let unclaimed =
+        |why: String| Outcome::Unclaimed(task.lease_id, format!("{what} was not taken: {why}"));
     let (sender, progress) = match shared.subscription(key, wait).await {
         Found::Open(sender, progress) => (sender, progress),
         // The client opened its session again (this lease is stale) or ended.
@@ -70,8 +62,7 @@ pub(super) async fn deliver(
             ))
         }
     };
-    // The wire's form only as it goes onto the client's stream.
-    match queue(&sender, &progress, Ok(batch.into()), wait).await {
+    match queue(&sender, &progress, item, wait).await {
         Queued::Done => Outcome::Completed(task.lease_id),
         Queued::Closed => unclaimed(format!("the client of session {session} closed its stream")),
         Queued::Stalled => {
