@@ -714,16 +714,17 @@ def test_a_multiprocessing_context_object_is_taken_as_dataloader_takes_it() -> N
 def test_a_start_interrupted_after_its_process_started_leaves_no_worker_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A Ctrl-C (or any error) as a started worker is sent its state ends that process and
-    its pipe. Before, it was left waiting on the pipe (it ignores SIGINT) until the
-    interpreter exited: one more per interrupted attempt in a notebook."""
+    """A Ctrl-C (or any error) while started workers load their state ends those processes
+    and their pipes. Before, they were left waiting on the pipe (they ignore SIGINT) until
+    the interpreter exited: more per interrupted attempt in a notebook."""
     import multiprocessing
-    import multiprocessing.reduction
+
+    from stoker import _dataset_workers
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(multiprocessing.reduction, "send_handle", interrupted)
+    monkeypatch.setattr(_dataset_workers.Worker, "_answered", interrupted)
     for method in ("fork", "spawn"):
         with pytest.raises(KeyboardInterrupt):
             stoker.Loader.from_dataset(Squares(8), batch_size=4, num_workers=2, output="numpy",
@@ -1027,6 +1028,78 @@ def test_a_script_that_exits_without_closing_stops_its_workers_without_replacing
     assert "replaced" not in done.stderr, done.stderr
 
 
+_SLOW_TO_START = """
+import os, sys, time
+if __name__ == "__mp_main__":
+    # A spawn or forkserver worker imports this script again, and its top level waits: as a script's
+    # unguarded work would (a download, a barrier).
+    with open(os.environ["STARTS"], "a") as starts:
+        print(time.time(), file=starts)
+    time.sleep(float(sys.argv[1]))
+import multiprocessing
+import numpy as np
+import stoker
+
+class Big:
+    def __init__(self):
+        self.blob = bytes(4 << 20)  # more than a pipe's buffer holds
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return np.full(3, i, dtype=np.float32)
+
+if __name__ == "__main__":
+    began = time.monotonic()
+    try:
+        with stoker.Loader.from_dataset(Big(), batch_size=4, num_workers=3, output="numpy",
+                                        multiprocessing_context=sys.argv[3],
+                                        timeout=float(sys.argv[2])) as loader:
+            print("batches", sum(1 for _ in loader))
+    except stoker.LoaderTimeoutError as error:
+        print("timeout after", round(time.monotonic() - began, 1), "s:", error)
+    print("left", [p.name for p in multiprocessing.active_children()])
+"""
+
+
+def _slow_to_start(
+    tmp_path: Path, sleep: float, timeout: float, method: str = "spawn"
+) -> tuple[str, list[float]]:
+    """Runs `_SLOW_TO_START`: its stdout and when each worker began to start."""
+    script = tmp_path / "slow_start.py"  # a file: spawned workers import it again
+    script.write_text(_SLOW_TO_START)
+    starts = tmp_path / "starts"
+    done = subprocess.run(
+        [sys.executable, str(script), str(sleep), str(timeout), method], capture_output=True,
+        text=True, timeout=90, env={**os.environ, "STARTS": str(starts)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, [float(line) for line in starts.read_text().split()]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_worker_that_does_not_start_raises_a_timeout_instead_of_hanging(
+    method: str, tmp_path: Path
+) -> None:
+    """A worker that never gets to read its state (its import of the main module waits): the
+    loader raises LoaderTimeoutError after ``timeout`` and ends the workers. Before, the
+    parent waited forever to hand it a state larger than the pipe's buffer."""
+    out, _ = _slow_to_start(tmp_path, sleep=3600, timeout=3, method=method)
+    assert "timeout after" in out, out
+    assert "did not start within 3.0 s" in out and "__mp_main__" in out, out
+    seconds = float(out.split("timeout after ")[1].split()[0])
+    assert 3 <= seconds < 30, out
+    assert "left []" in out, out
+
+
+def test_worker_processes_start_side_by_side(tmp_path: Path) -> None:
+    """Each worker's start takes 2 s (its import of the main module): the workers begin to
+    start together, not each after the one before has loaded its state."""
+    out, starts = _slow_to_start(tmp_path, sleep=2, timeout=60)
+    assert "batches 2" in out and "left []" in out, out
+    assert len(starts) == 3, starts
+    assert max(starts) - min(starts) < 1.5, starts
+
+
 _PARENT_KILLED_MID_SAMPLE = """
 import re, sys, time
 import numpy as np
@@ -1273,7 +1346,7 @@ def test_a_close_interrupted_in_its_grace_period_still_stops_every_worker(
     def interrupted(self: object, deadline: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dataset_workers._Worker, "end", interrupted)
+    monkeypatch.setattr(dataset_workers.Worker, "end", interrupted)
     with pytest.raises(KeyboardInterrupt):
         loader.close()
     monkeypatch.undo()
@@ -1329,7 +1402,7 @@ def test_close_leaves_a_workers_pipe_to_the_lane_in_an_exchange_with_it(
                 under_a_lane.append(threading.current_thread().name)
         close(self)
 
-    died = dataset_workers._Worker._died
+    died = dataset_workers.Worker._died
 
     def slow_to_let_go(self: Any, doing: str) -> Any:
         # A lane that takes its time once its worker is gone: a close that does not wait for
@@ -1338,7 +1411,7 @@ def test_close_leaves_a_workers_pipe_to_the_lane_in_an_exchange_with_it(
         return died(self, doing)
 
     monkeypatch.setattr(connection.Connection, "close", watched_close)
-    monkeypatch.setattr(dataset_workers._Worker, "_died", slow_to_let_go)
+    monkeypatch.setattr(dataset_workers.Worker, "_died", slow_to_let_go)
     loader = stoker.Loader.from_dataset(
         SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
     )

@@ -46,8 +46,8 @@ from stoker._arguments import (
     resolve_output,
 )
 from stoker._batches import BatchSpent
-from stoker._dataset_workers import ProcessBuilder
 from stoker._placement import Placement
+from stoker._process_builder import ProcessBuilder
 from stoker._samples import (
     NO_LAYOUT,
     Layout,
@@ -255,7 +255,10 @@ class FromDataset:
           cannot load the dataset (its module failing to import there, say) raises
           :class:`~stoker.DatasetError` with the end of its traceback; one that dies as it
           starts (a script without a ``__main__`` guard under spawn), a ``DatasetError`` saying
-          so, its own error on stderr.
+          so, its own error on stderr; one that has not loaded the dataset within ``timeout``
+          seconds (a fresh interpreter hung importing the main module again, say), a
+          :class:`~stoker.LoaderTimeoutError` saying so, the workers ended. They start side
+          by side.
 
         Determinism: :func:`stoker.sample_rng` (a numpy generator) and
         :func:`stoker.sample_seed` give the code a seed of (seed, epoch, index), the same for
@@ -362,7 +365,7 @@ class FromDataset:
         )
         builder: Any
         if workers:
-            builder = ProcessBuilder(state, workers, context)
+            builder = ProcessBuilder(state, workers, context, settings.timeout_s)
             try:
                 layout = builder.probe(settings.timeout_s)
             except BaseException:

@@ -1,6 +1,7 @@
-"""``Loader.from_dataset``'s worker processes, the parent's side: each started (the start
-method and ``__main__`` checks that let a dataset reach a fresh interpreter), sent its batches,
-replaced when it dies, and closed. What runs in the process is :mod:`stoker._worker_process`.
+"""One of ``Loader.from_dataset``'s worker processes, the parent's side: started (the state
+sent on a thread of its own, the start waited for with a deadline), sent its batches, replaced
+when it dies, and closed. What runs in the process is :mod:`stoker._worker_process`; the
+loader's set of them is :mod:`stoker._process_builder`.
 """
 
 from __future__ import annotations
@@ -10,33 +11,21 @@ import logging
 import multiprocessing
 import multiprocessing.reduction
 import os
-import pickle
-import shutil
 import signal
 import threading
 import time
 import weakref
 from typing import Any, NoReturn
 
-from stoker._busy import (
-    IndexWord,
-    LoadingLog,
-    batch_text,
-    describe,
-    read_dumps,
-    stacks_folder,
-)
+from stoker._busy import IndexWord, LoadingLog, batch_text
 from stoker._samples import Layout, State, on_sample
-from stoker._start_method import main_not_rerun, unpicklable_part
-from stoker._worker_process import dump_path, worker_main
+from stoker._start_method import main_not_rerun
+from stoker._worker_process import worker_main
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 
-__all__ = ["ProcessBuilder"]
+__all__ = ["Worker", "WorkerDied"]
 
 _log = logging.getLogger("stoker")
-
-# Seconds a closing loader's workers have to finish their batch and exit before they are killed.
-_CLOSE_GRACE_S = 5.0
 
 # Seconds between two looks, while a lane waits for its worker's reply, at whether it exited.
 _DEATH_CHECK = 0.1
@@ -68,16 +57,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
-def _live_pid(process: Any) -> int | None:
-    """The pid of ``process`` while it runs (a dead worker's pid may be another process's
-    by now, which must not be signalled); None once it exited."""
-    try:
-        return int(process.pid) if process.is_alive() else None
-    except (AssertionError, ValueError, OSError):
-        return None
-
-
-class _WorkerDied(StokerError):
+class WorkerDied(StokerError):
     """A worker process exited (killed, crashed) while it had work: a batch is built again by
     a new process, anything else is raised as it is. ``index``: the sample it was on (-1:
     none, or not known)."""
@@ -87,14 +67,16 @@ class _WorkerDied(StokerError):
         self.index = index
 
 
-class _Worker:
+class Worker:
     """Worker process ``number``, replaced by a new one when it dies (see :meth:`build`)."""
 
     def __init__(
         self, context: Any, number: int, state: State | bytes, dumps: str, log: LoadingLog,
-        skip: bool = False,
+        start_timeout: float, skip: bool = False,
     ) -> None:
         self.number = number
+        # Seconds a new process has to load the state sent to it (see :meth:`started`).
+        self.start_timeout = start_timeout
         # on_error="skip": a sample that killed two processes is a bad sample.
         self.skip = skip
         self.context = context
@@ -113,6 +95,8 @@ class _Worker:
         # uses it (the descriptor's number goes to the next file opened, which the other
         # thread would then read, write or close).
         self.lock = threading.Lock()
+        # Sends a new process its state, until :meth:`started` has seen it loaded.
+        self._sender: threading.Thread | None = None
         try:
             self._start()
         except BaseException:
@@ -120,8 +104,11 @@ class _Worker:
             raise
 
     def _start(self) -> None:
-        """Starts the process (and sends it the layout, once known); the slot mapping goes
-        with its first batch."""
+        """Starts the process and, on a thread of its own, sends it its state (and the
+        layout, once known); the slot mapping goes with its first batch. :meth:`started`
+        waits for the process to have loaded the state: the workers of a loader start side
+        by side, a fresh interpreter taking a state larger than the pipe's buffer only once
+        it has started, which may take seconds (imports)."""
         # One start at a time: a worker forked by another lane meanwhile would inherit this
         # one's end of the pipe and keep it open, so this lane would not see its worker die.
         with _STARTING:
@@ -157,16 +144,14 @@ class _Worker:
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
         _OPEN_PIPES.add(parent)
+        self.arena: int | None = None
         try:
-            # A worker that dies before reading these is seen by the caller's next exchange.
-            with contextlib.suppress(OSError):
-                if pickled is not None:
-                    parent.send_bytes(pickled)
-                self._index.set(-1)
-                parent.send(("index",))
-                multiprocessing.reduction.send_handle(parent, self._index.fd, process.pid)
-                if self.layout is not None:
-                    parent.send(("layout", self.layout))
+            self._index.set(-1)
+            self._sender = threading.Thread(
+                target=self._hand_over, args=(parent, pickled, process.pid, self.layout),
+                name=f"stoker-worker-{self.number}-start", daemon=True,
+            )
+            self._sender.start()
         except BaseException:
             # Interrupted mid-start (a Ctrl-C during a long send): the child, which ignores
             # SIGINT, would wait on its pipe until this interpreter exits; it goes now.
@@ -176,7 +161,70 @@ class _Worker:
             parent.close()
             _OPEN_PIPES.discard(parent)
             raise
-        self.arena: int | None = None
+
+    def _hand_over(
+        self, conn: Any, pickled: bytes | None, pid: int, layout: Layout | None
+    ) -> None:
+        """The sender thread: what a new process reads before its first call. A process that
+        dies (or is killed) before reading it all ends the send (EPIPE)."""
+        with contextlib.suppress(OSError, ValueError):
+            if pickled is not None:
+                conn.send_bytes(pickled)
+            conn.send(("index",))
+            multiprocessing.reduction.send_handle(conn, self._index.fd, pid)
+            if layout is not None:
+                conn.send(("layout", layout))
+
+    def started(self, deadline: float) -> None:
+        """Waits, until ``deadline`` (``time.monotonic()``), for the process last started to
+        have loaded its state: a LoaderTimeoutError past it, the process killed; WorkerDied
+        when it exited first; DatasetError when it could not load the state."""
+        sender, timeout = self._sender, self.start_timeout
+        try:
+            if sender is not None:
+                sender.join(timeout=max(0.0, deadline - time.monotonic()))
+                if sender.is_alive():
+                    raise LoaderTimeoutError(self._not_started(timeout))
+                self._sender = None
+            answered = self._answered(max(0.0, deadline - time.monotonic()))
+            if answered is None:
+                self._died("starting")
+            if not answered:
+                raise LoaderTimeoutError(self._not_started(timeout))
+            try:
+                reply = self._checked(self.conn.recv())
+            except (EOFError, OSError):
+                self._died("starting")
+            if reply[0] != "ready":
+                raise StokerError(
+                    f"dataset worker process {self.number} answered {reply[0]!r} as it started"
+                )
+        except BaseException:
+            # Ended here: a process that did not start, or whose start was interrupted (a
+            # Ctrl-C), would otherwise wait on its pipe until this interpreter exits.
+            with contextlib.suppress(OSError, ValueError):
+                self.process.kill()
+                self.process.join(timeout=5.0)
+            if sender is not None:
+                sender.join(timeout=5.0)
+                if not sender.is_alive():
+                    self._sender = None
+            raise
+
+    def _not_started(self, timeout: float) -> str:
+        """A start timeout's message: where a process that has not loaded its state can hang."""
+        hint = (
+            "a forked process can hang on a lock another thread of this one held as it forked"
+            if self.start_method == "fork" else
+            f"a {self.start_method} process imports the main module again first (as "
+            "__mp_main__): work at its top level outside `if __name__ == \"__main__\":` "
+            "runs there too"
+        )
+        return (
+            f"dataset worker process {self.number} (pid {self.process.pid}) did not start "
+            f"within {timeout} s: it has not loaded the dataset sent to it (it was killed; "
+            f"{hint})"
+        )
 
     def set_layout(self, layout: Layout) -> None:
         """Sends the samples' layout (and keeps it for a replacement); a worker gone by then
@@ -200,7 +248,7 @@ class _Worker:
                     self._replace(f"it died before {doing}{self._last_words()}")
                 try:
                     return self._build(shared, message, doing)
-                except _WorkerDied as died:
+                except WorkerDied as died:
                     if self.stopping:
                         raise StokerError(str(died)) from None
                     # Killed (the OOM killer, say) or crashed: a new process builds the batch
@@ -210,7 +258,7 @@ class _Worker:
                     first = died.index
                 try:
                     return self._build(shared, message, doing)
-                except _WorkerDied as died:
+                except WorkerDied as died:
                     if not (self.skip and died.index >= 0 and died.index == first):
                         raise StokerError(
                             f"{died}, as did the process started in its place"
@@ -222,7 +270,7 @@ class _Worker:
                                           f"loading it, twice: {died}"}
                 try:
                     return self._build(shared, (*message, doomed), doing)
-                except _WorkerDied as died:
+                except WorkerDied as died:
                     raise StokerError(
                         f"{died}, after two processes ended on dataset[{first}]"
                     ) from None
@@ -256,6 +304,10 @@ class _Worker:
         self.conn.close()
         _OPEN_PIPES.discard(self.conn)
         self._start()
+        try:
+            self.started(time.monotonic() + self.start_timeout)
+        except WorkerDied as died:
+            raise StokerError(f"{why}; the process started in its place: {died}") from None
         if self.stopping:  # close() came meanwhile: this one stops too
             self._send_stop()
         _log.warning(
@@ -288,6 +340,11 @@ class _Worker:
                 f"dataset worker process {self.number} (pid {self.process.pid}) did not "
                 f"finish {doing} within {timeout} s"
             )
+        return self._checked(reply)
+
+    def _checked(self, reply: Any) -> Any:
+        """``reply``, unless it says the worker failed outside the dataset's samples (a
+        StokerError) or could not load the dataset sent to it (a DatasetError)."""
         if reply[0] == "error":
             raise StokerError(f"dataset worker process {self.number} failed: {reply[1]}")
         if reply[0] == "failed":
@@ -329,7 +386,7 @@ class _Worker:
             with contextlib.suppress(ValueError):
                 killed = f", {signal.Signals(-code).name}"
         index = self.loading()
-        raise _WorkerDied(
+        raise WorkerDied(
             f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
             f"code {code}{killed} while {doing}{on_sample(index)}{self._last_words()}", index
         ) from None
@@ -356,7 +413,13 @@ class _Worker:
                 self.lock.release()
 
     def _send_stop(self) -> None:
-        """Sends the stop message; the caller holds ``lock``."""
+        """Sends the stop message; the caller holds ``lock``. A process not yet seen started,
+        whose state the sender thread may still be writing to the pipe, is killed instead:
+        it has no batch to finish."""
+        if self._sender is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.process.kill()
+            return
         with contextlib.suppress(OSError):
             self.conn.send(None)
 
@@ -378,6 +441,15 @@ class _Worker:
                 with contextlib.suppress(OSError, ValueError):
                     self.process.kill()
                     self.process.join(timeout=5.0)
+            sender = self._sender
+            if sender is not None:
+                # Its process is dead: the send it is in fails at once.
+                sender.join(timeout=5.0)
+                if sender.is_alive():
+                    _log.warning("dataset worker process %d: its start's sender still runs; "
+                                 "pipe left open", self.number)
+                    return
+                self._sender = None
             self.conn.close()
             _OPEN_PIPES.discard(self.conn)
             self._index.close()
@@ -411,106 +483,6 @@ class _Worker:
     def close_conn(self, ended: Any) -> None:
         """Closes the pipe once its lane lets go, after :meth:`end` returned ``ended``."""
         self._close_conn(5.0, ended)
-
-
-class ProcessBuilder:
-    """Process mode: lane k hands its batches to worker process k."""
-
-    def __init__(self, state: State, workers: int, context: Any) -> None:
-        self._workers: list[_Worker] = []
-        self._lock = threading.Lock()
-        self._log = LoadingLog()
-        self._dumps = ""
-        # A fresh interpreter gets the state pickled here and loads it itself (see
-        # `stoker._worker_process.worker_main`); a forked worker inherits it as it is. Plain
-        # pickle, by value: the same bytes go to every worker and to replacements, and
-        # torch's reductions for process handover (tensors moved to shared memory, passed by
-        # a handle one process takes) would serve only the first.
-        sent: State | bytes = state
-        method = context.get_start_method()
-        if method != "fork":
-            try:
-                sent = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as error:
-                raise DatasetError(
-                    f"the {unpicklable_part(state)} cannot be sent to worker processes started "
-                    f"by {method!r}: it does not pickle ({type(error).__name__}: {error}); "
-                    "multiprocessing_context='fork' hands it over without pickling"
-                ) from error
-        try:
-            # The workers' stack files (see stoker._busy), removed by close().
-            self._dumps = stacks_folder()
-            for number in range(workers):
-                self._workers.append(_Worker(context, number, sent, self._dumps, self._log,
-                                             skip=state.on_error == "skip"))
-        except BaseException:
-            self.close()
-            raise
-
-    def probe(self, timeout: float) -> Layout:
-        """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
-        first = self._workers[0]
-        with first.lock:
-            try:
-                reply = first.call(("probe",), "reading dataset[0]", timeout)
-            except _WorkerDied as died:
-                # Its own error went to its stderr, which is this process's.
-                hint = ("" if first.start_method == "fork" else
-                        f"; under the {first.start_method!r} start method a script must "
-                        "make the loader under `if __name__ == \"__main__\":`")
-                raise DatasetError(f"{died} (its error is on stderr above{hint})") from None
-        if reply[0] == "refused":
-            kind = TypeError if reply[1] == "TypeError" else DatasetError
-            raise kind(reply[2])
-        layout: Layout = reply[1]
-        if reply[2]:
-            _log.warning("%s", reply[2])  # in this process, where the logging is set up
-        for worker in self._workers:
-            worker.set_layout(layout)
-        return layout
-
-    def build(
-        self, lane: int, epoch: int, step: int, indices: list[int], view: memoryview,
-        shared: tuple[int, int, int, int] | None,
-    ) -> Any:
-        return self._workers[lane].build(epoch, step, indices, view, shared)
-
-    def loading_now(self) -> str:
-        """What the worker processes are loading now, for how long, and where each is in
-        Python code (see :mod:`stoker._busy`); "" when none is loading."""
-        workers = self._workers
-        loading = [(entry, _live_pid(workers[entry.lane].process))
-                   for entry in self._log.now() if entry.lane < len(workers)]
-        stacks = read_dumps([(pid, dump_path(self._dumps, pid)) for _, pid in loading if pid])
-        now = time.monotonic()
-        return describe([
-            (entry, f"dataset worker process {entry.lane} (pid {pid})"
-                    f"{on_sample(workers[entry.lane].loading())}", stacks.get(pid, ""))
-            if pid is not None else (entry, f"dataset worker process {entry.lane} (exited)", "")
-            for entry, pid in loading
-        ], now)
-
-    def close(self) -> None:
-        with self._lock:
-            workers, self._workers = self._workers, []
-        # All asked at once and waited for together: a close takes one grace period, not one
-        # per busy worker (their batches are dropped anyway).
-        for worker in workers:
-            worker.ask_to_stop()
-        deadline = time.monotonic() + _CLOSE_GRACE_S
-        try:
-            # Every process ended before any pipe is closed: a lane reading a pipe sees its
-            # end once the process is gone, which may be another worker's turn.
-            ended = [worker.end(deadline) for worker in workers]
-            for worker, process in zip(workers, ended, strict=True):
-                worker.close_conn(process)
-        finally:
-            # Interrupted meanwhile (a second Ctrl-C in the grace period): the workers not
-            # waited for are killed now rather than left running with nothing to stop them.
-            for worker in workers:
-                worker.kill()
-            if self._dumps:
-                shutil.rmtree(self._dumps, ignore_errors=True)
 
 
 def _last_lines(text: str, count: int = 6) -> str:

@@ -62,6 +62,9 @@ def worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) -> 
                 conn.send(("failed", traceback.format_exc()))
             return
     assert isinstance(state, State)
+    # Loaded: the parent waits for this before its first call (see `_Worker.started`).
+    with contextlib.suppress(OSError):
+        conn.send(("ready",))
     # One thread per worker process, as DataLoader's workers: N processes each running torch's
     # intra-op pool would oversubscribe the cores.
     torch = sys.modules.get("torch")
