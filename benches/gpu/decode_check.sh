@@ -78,6 +78,7 @@ for n, batch in enumerate(loader):
 print("sanitized run done", loader.stats()["gpu_decode"])
 PY
 fi
+step_done "$smoke" smoke test
 [ "${SMOKE_ONLY:-0}" = 1 ] && exit "$smoke"
 # COMPILE=only and MPS=only run the smoke test and the compiled or MPS rows alone.
 levers_only=0
@@ -92,47 +93,54 @@ started=$SECONDS
 pytest_flags=(-m gpu -q -rs -s -p no:cacheprovider --durations=15)
 if python3 -c "import pytest_timeout" 2>/dev/null; then pytest_flags+=(--timeout=120); fi
 [ "${SKIP_PYTEST:-0}" = 1 ] || [ "$levers_only" = 1 ] || (cd python-client && timeout 300 python3 -m pytest "${pytest_flags[@]}" tests/test_gpu.py tests/test_gpu_decode.py 2>&1) | tee "$out/pytest.log"
+step_done "${PIPESTATUS[0]}" pytest -m gpu
 echo "pytest -m gpu: $((SECONDS - started)) s"
 started=$SECONDS
 [ "${SKIP_BENCH:-0}" = 1 ] || [ "$levers_only" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
+step_done "${PIPESTATUS[0]}" fence_cost.py
 echo "fence_cost: $((SECONDS - started)) s"
 # A lane that does not start or crashes has nothing to measure.
 [ "$smoke" -eq 0 ] || exit 1
-[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+[ "${SKIP_BENCH:-0}" = 1 ] && exit "$failed"
 if [ "$levers_only" != 1 ]; then
     started=$SECONDS
     rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-crop,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
     timeout 260 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
+    step_done "${PIPESTATUS[0]}" gpu_train.py beside DALI
     echo "gpu_train: $((SECONDS - started)) s"
 fi
-[ "${SKIP_LEVERS:-0}" = 1 ] && exit 0
+[ "${SKIP_LEVERS:-0}" = 1 ] && exit "$failed"
 if [ "${COMPILE:-0}" != only ] && [ "${MPS:-0}" != only ] && [ "${LANEPROC:-0}" != only ] && [ "${ROI:-0}" != only ]; then
     started=$SECONDS
     timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
+    step_done "${PIPESTATUS[0]}" gpu_train.py --side-stream
     echo "gpu_train --side-stream: $((SECONDS - started)) s"
 fi
 if [ "${COMPILE:-0}" = 1 ] || [ "${COMPILE:-0}" = only ]; then
     # The step as a CUDA graph (torch.compile reduce-overhead), beside the lane and DALI.
     started=$SECONDS
     timeout 300 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-auto,dali --workers "$(( $(nproc) - 1 ))" --compile --warmup 40 2>&1 | tee "$out/bench-compiled.log"
+    step_done "${PIPESTATUS[0]}" gpu_train.py --compile
     echo "gpu_train --compile: $((SECONDS - started)) s"
 fi
-[ "${COMPILE:-0}" = only ] && exit 0
+[ "${COMPILE:-0}" = only ] && exit "$failed"
 if [ "${ROI:-0}" = only ]; then
     # The hardware engines decoding only each image's crop window (STOKER_GPU_DECODE_ROI=1, the
     # -roi rows) beside the same rows decoding whole images, and the loader alone both ways.
     started=$SECONDS
     timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-roi,stoker-auto,stoker-auto-roi,loader:stoker-gpu,loader:stoker-gpu-roi --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-roi.log"
+    step_done "${PIPESTATUS[0]}" gpu_train.py -roi rows
     echo "gpu_train -roi rows: $((SECONDS - started)) s"
-    exit 0
+    exit "$failed"
 fi
 if [ "${LANEPROC:-0}" = only ]; then
     # The decode lane alone in Stoker's helper process (stoker-lane-helper, the -laneproc rows)
     # beside the same rows with the lane in the training process.
     started=$SECONDS
     timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-laneproc,stoker-auto,stoker-auto-laneproc,loader:stoker-gpu-laneproc --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-laneproc.log"
+    step_done "${PIPESTATUS[0]}" gpu_train.py -laneproc rows
     echo "gpu_train -laneproc rows: $((SECONDS - started)) s"
-    exit 0
+    exit "$failed"
 fi
 if [ "${MPS:-0}" != only ]; then
 # The lane's pipes in green contexts of 16 and 32 SMs (STOKER_GPU_DECODE_SMS): does the lane
@@ -142,6 +150,7 @@ if [ "${MPS:-0}" != only ]; then
 # thread matter? Beside the same rows without.
 started=$SECONDS
 timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-fused,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-fused,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"
+step_done "${PIPESTATUS[0]}" gpu_train.py green-context and fused-tail rows
 echo "gpu_train green-context and fused-tail rows: $((SECONDS - started)) s"
 # The loader in a helper process with its own CUDA context, its batches handed over through
 # CUDA IPC (the experiment that tells contention inside the training process from contention
@@ -149,6 +158,7 @@ echo "gpu_train green-context and fused-tail rows: $((SECONDS - started)) s"
 # (a control daemon started for this run alone, and stopped after it).
 started=$SECONDS
 timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$helper_rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-helper.log"
+step_done "${PIPESTATUS[0]}" gpu_train.py helper rows
 echo "gpu_train helper rows: $((SECONDS - started)) s"
 fi
 if { [ "${MPS:-0}" = 1 ] || [ "${MPS:-0}" = only ]; } && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
@@ -157,6 +167,7 @@ if { [ "${MPS:-0}" = 1 ] || [ "${MPS:-0}" = only ]; } && command -v nvidia-cuda-
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
         timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$helper_rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-helper-mps.log"
+        step_done "${PIPESTATUS[0]}" gpu_train.py helper rows under MPS
         echo quit | nvidia-cuda-mps-control
     else
         echo "MPS: the control daemon did not start" | tee "$out/bench-helper-mps.log"
@@ -164,3 +175,4 @@ if { [ "${MPS:-0}" = 1 ] || [ "${MPS:-0}" = only ]; } && command -v nvidia-cuda-
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     echo "gpu_train helper rows under MPS: $((SECONDS - started)) s"
 fi
+exit "$failed"

@@ -16,6 +16,7 @@ for connections in ${NVJPEG_CONNECTIONS-8 32}; do
     started=$SECONDS
     CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 90 python3 benches/gpu/nvjpeg_beside_training.py \
         --data "$data" --formats "" --states 1,2,4,8 --seconds 2 2>&1 | tee "$out/nvjpeg-connections$connections.log"
+    step_done "${PIPESTATUS[0]}" nvjpeg states, "$connections" connections
     echo "nvjpeg states, $connections connections: $((SECONDS - started)) s"
 done
 rows=${ROWS:-ceiling,stoker-gpu,stoker-auto,stoker-auto@7,loader:stoker-gpu}
@@ -25,9 +26,12 @@ for config in ${CONFIGS:-2:8:15 4:8:15 4:32:15}; do
     STOKER_GPU_DECODE_PIPES=$pipes CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 150 python3 benches/gpu_train.py \
         --data "$data" --models resnet18 --rows "$rows" --workers "$threads" --gpu-memory 3072 \
         2>&1 | tee "$out/bench-pipes$pipes-connections$connections-threads$threads.log"
+    step_done "${PIPESTATUS[0]}" gpu_train.py "$config"
     echo "gpu_train, $pipes pipes, $connections connections, $threads threads: $((SECONDS - started)) s"
 done
-[ "${SKIP_PYTEST:-0}" = 1 ] && exit 0
+[ "${SKIP_PYTEST:-0}" = 1 ] && exit "$failed"
 started=$SECONDS
 (cd python-client && STOKER_GPU_DECODE_PIPES=4 timeout 200 python3 -m pytest -m gpu tests/test_gpu_decode.py -q -rs -p no:cacheprovider 2>&1) | tee "$out/pytest-pipes4.log"
+step_done "${PIPESTATUS[0]}" pytest -m gpu, 4 pipes
 echo "pytest -m gpu, 4 pipes: $((SECONDS - started)) s"
+exit "$failed"

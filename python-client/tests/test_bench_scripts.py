@@ -1,12 +1,16 @@
 """The GPU benchmark scripts where they run without a GPU: ``benches/gpu_train.py``'s rows'
 names are read as its documentation says, every kind of row's result prints (an in-process lane
 row, a helper-process row, a skipped DALI row), and without a CUDA GPU it and the GPU check's
-other scripts (``benches/gpu/``) say so and exit 0. What they measure runs only on a GPU machine
+other scripts (``benches/gpu/``) say so and exit 0; the GPU check's shell scripts exit with a
+failed step's status. What they measure runs only on a GPU machine
 (``benches/gpu/decode_check.sh``)."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +143,52 @@ def test_the_gpu_checks_scripts_say_there_is_nothing_to_measure_without_a_gpu(
     )
     assert ran.returncode == 0, ran.stderr
     assert "no CUDA GPU here; nothing to measure" in ran.stdout
+
+
+# Stands in for python3 on the scripts' PATH: pytest fails, everything else succeeds.
+_FAKE_PYTHON = """#!/bin/sh
+case "$*" in
+    *"-m pytest"*) echo "1 failed"; exit 1 ;;
+esac
+cat > /dev/null
+exit 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "settings"),
+    [
+        ("decode_check.sh", {"SKIP_BENCH": "1"}),
+        ("run.sh", {}),
+        ("lane_levers.sh", {"NVJPEG_CONNECTIONS": "", "CONFIGS": ""}),
+    ],
+)
+def test_a_gpu_check_whose_tests_fail_exits_with_their_status(
+    script: str, settings: dict[str, str], tmp_path: Path
+) -> None:
+    """A device run reads as passed when its script exits 0: each step's output goes through
+    tee, so a script that exited with tee's status passed whatever pytest said. Run here in a
+    copy of the repository's layout, with a python3 whose pytest fails and every other step
+    (install, smoke test, benchmarks, binaries) succeeding."""
+    root = tmp_path / "repo"
+    shutil.copytree(SCRIPT.parent / "gpu", root / "benches" / "gpu")
+    (root / "python-client").mkdir()
+    device = root / ".device"
+    device.mkdir()
+    (device / "stoker-0-py3-none-any.whl").write_bytes(b"")
+    for name in ("stoker", "stoker-worker", "stoker-lane-helper"):
+        (device / f"{name}.gz").write_bytes(gzip.compress(b"#!/bin/sh\nexit 0\n"))
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "python3").write_text(_FAKE_PYTHON)
+    (fake / "python3").chmod(0o755)
+    env = {
+        **os.environ, **settings, "PATH": f"{fake}:{os.environ['PATH']}",
+        "SCRATCH": str(tmp_path / "scratch"),
+    }
+    ran = subprocess.run(
+        ["bash", str(root / "benches" / "gpu" / script)], capture_output=True, text=True,
+        timeout=120, env=env, cwd=root,
+    )
+    assert ran.returncode == 1, (ran.returncode, ran.stdout[-2000:], ran.stderr[-2000:])
+    assert "FAILED (exit 1): pytest -m gpu" in ran.stdout, ran.stdout[-2000:]
