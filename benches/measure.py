@@ -233,6 +233,8 @@ class TimedRun:
     """One loader run on one clock, started before the loader was built (:func:`timed_run`)."""
 
     loader: Any
+    # Kept past the last batch: a DataLoader's workers live as long as its iterator.
+    iterator: Any
     images: int
     batches: int
     seconds: float
@@ -240,23 +242,37 @@ class TimedRun:
 
 
 def timed_run(build: Callable[[], Any], limit: int) -> TimedRun:
-    """Builds a loader and iterates it for ``limit`` batches (0: until it ends), counting a
-    batch's images as the rows of its labels (Stoker's ``"label"``, or the second of a
-    DataLoader's pair); the clock starts before the build, so the first batch's time includes
-    it."""
+    """Builds a loader and iterates it for ``limit`` batches (0: one epoch, ``len(loader)``
+    batches where it has a length, else until it ends), counting a batch's images as the rows
+    of its labels (Stoker's ``"label"``, or the second of a DataLoader's pair); the clock
+    starts before the build, so the first batch's time includes it. The iterator is not asked
+    past the last batch and is kept (``iterator``): a PSS read once this returns sees every
+    process of the run. DataLoader's iterator ends its workers as it raises StopIteration, or
+    as it is dropped."""
     images = batches = 0
     started = time.perf_counter()
     loader = build()
+    last = limit or _length(loader)
     first_batch_s = math.nan
-    for batch in loader:
+    iterator = iter(loader)
+    for batch in iterator:
         labels = batch["label"] if isinstance(batch, dict) else batch[1]
         images += int(labels.shape[0])
         batches += 1
         if batches == 1:
             first_batch_s = time.perf_counter() - started
-        if batches == limit:
+        if batches == last:
             break
-    return TimedRun(loader, images, batches, time.perf_counter() - started, first_batch_s)
+    elapsed = time.perf_counter() - started
+    return TimedRun(loader, iterator, images, batches, elapsed, first_batch_s)
+
+
+def _length(loader: Any) -> int:
+    """The loader's batches per epoch; 0 where it has no length."""
+    try:
+        return len(loader)
+    except TypeError:
+        return 0
 
 
 def print_table(columns: list[tuple[str, int]], rows: list[list[str]]) -> None:

@@ -192,3 +192,29 @@ def test_a_gpu_check_whose_tests_fail_exits_with_their_status(
     )
     assert ran.returncode == 1, (ran.returncode, ran.stdout[-2000:], ran.stderr[-2000:])
     assert "FAILED (exit 1): pytest -m gpu" in ran.stdout, ran.stdout[-2000:]
+
+
+def test_the_end_memory_sample_of_a_dataloader_run_sees_its_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The comparisons read the run's PSS once its clock stops, the loader "still alive and at
+    its fullest": a DataLoader's workers must still run then. Before, its iterator was asked
+    once more at the epoch's end, and DataLoader ends its workers before it raises
+    StopIteration: the end sample held the parent alone."""
+    torch = pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("measure", SCRIPT.parent / "measure.py")
+    assert spec is not None and spec.loader is not None
+    measure = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "measure", measure)  # its dataclasses look it up there
+    spec.loader.exec_module(measure)
+    dataset = torch.utils.data.TensorDataset(torch.zeros(32, 3), torch.arange(32))
+
+    def build() -> object:
+        return torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2)
+
+    before = set(measure.child_pids(os.getpid()))
+    run = measure.timed_run(build, 0)
+    assert (run.batches, run.images) == (8, 32)
+    workers = set(measure.child_pids(os.getpid())) - before
+    assert len(workers) == 2, workers
+    del run
