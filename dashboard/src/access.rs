@@ -1,7 +1,7 @@
-//! Who may read the dashboard. On a loopback address, anyone on the machine, through an address
-//! or `localhost` (its `Host`): a request naming another host reached it only by DNS rebinding
-//! (a web page's own domain pointed at 127.0.0.1, read by a browser on this machine) and gets
-//! `403`. Elsewhere, only a
+//! Who may read the dashboard. On a loopback address given no credential, anyone on the machine,
+//! through an address or `localhost` (its `Host`): a request naming another host reached it only
+//! by DNS rebinding (a web page's own domain pointed at 127.0.0.1, read by a browser on this
+//! machine) and gets `403`. Elsewhere, or on loopback given one (behind a proxy), only a
 //! request that carries a dashboard credential: a read-only secret of its own (a daemon's
 //! `--dashboard-token-file`, Python's `dashboard_token_file=`), never the RPC token, so a
 //! credential seen on the dashboard's wire opens no gRPC call, and the RPC token opens no page.
@@ -104,7 +104,9 @@ impl Gate {
             hmac::Key::generate(hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
                 .map_err(|_| "the system gave no randomness for the cookie key".to_string())?;
         Ok(Gate {
-            open: address.ip().is_loopback(),
+            // Given a credential, a loopback dashboard asks for it too: it may be reached
+            // through a proxy on this machine.
+            open: address.ip().is_loopback() && access.credentials.is_empty(),
             metrics_open: access.metrics_without_token,
             secure: access.serves_tls(),
             credentials: access.credentials.into(),

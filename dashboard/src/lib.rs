@@ -14,8 +14,8 @@
 //! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON; `?since=<unix ms>` for
 //! only newer points, `?at=<unix ms>` for the figures as they were at that reading), and
 //! `/metrics`. Who may read them is the `access` module's business: anyone on a loopback
-//! address, only holders of a dashboard credential elsewhere ([`Dashboard::start_with`]); a
-//! dashboard off loopback without one does not start. With a daemon's certificate it serves
+//! address given no credential, only holders of a dashboard credential elsewhere or on loopback
+//! given one ([`Dashboard::start_with`]); a dashboard off loopback without one does not start. With a daemon's certificate it serves
 //! HTTPS.
 
 mod access;
@@ -143,10 +143,10 @@ impl Dashboard {
         Self::start_with(address, DashboardAccess::default())
     }
 
-    /// Like [`Dashboard::start`], but on a non-loopback address requests carrying one of
-    /// `access.credentials` are served (see the `access` module for how a browser presents
-    /// it), over HTTPS when `access.tls` holds a certificate; a non-loopback address without
-    /// credentials is refused.
+    /// Like [`Dashboard::start`], but requests carrying one of `access.credentials` are
+    /// served, and only those wherever credentials are given, loopback included (see the
+    /// `access` module for how a browser presents one), over HTTPS when `access.tls` holds a
+    /// certificate; a non-loopback address without credentials is refused.
     pub fn start_with(
         address: SocketAddr,
         access: DashboardAccess,

@@ -190,3 +190,38 @@ def test_a_loader_failing_late_in_its_making_lets_its_port_go(
     assert again.dashboard_url == url
     again.close()
     del failure
+
+
+def test_a_loopback_dashboard_given_a_credential_asks_for_it(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """Behind a proxy on the machine, a loopback dashboard given a credential must ask for it:
+    before, any request was served and the credential silently ignored."""
+    options = {"pipeline": stoker.vision.imagenet_train(32), "batch_size": 8, "output": "numpy"}
+    credential = "loopback-dashboard-credential-7"
+    token_file = tmp_path / "dashboard-token"
+    token_file.write_text(credential + "\n")
+    token_file.chmod(0o600)
+    with stoker.Loader(dataset, dashboard=0, dashboard_token_file=token_file,
+                       **options) as loader:  # type: ignore[arg-type]
+        url = loader.dashboard_url
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert _answer(url.rstrip("/") + "/api/jobs")[0] == 401
+        bearer = {"Authorization": f"Bearer {credential}"}
+        assert _answer(url.rstrip("/") + "/api/jobs", bearer)[0] == 200
+
+
+def test_a_dashboard_credential_equal_to_the_distributed_token_is_refused(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """The RPC token opens jobs and their data; the dashboard's page, served in plain HTTP,
+    must not take it as its credential. Refused before any coordinator is reached."""
+    token_file = tmp_path / "dashboard-token"
+    token_file.write_text("one-secret-for-both\n")
+    token_file.chmod(0o600)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="holds the distributed mode's token"):
+        stoker.Loader(str(dataset), address="127.0.0.1:9", token="one-secret-for-both",
+                      dashboard=0, dashboard_token_file=token_file, batch_size=8,
+                      pipeline=stoker.vision.imagenet_train(32), worker_grace=30)
+    assert time.monotonic() - started < 10

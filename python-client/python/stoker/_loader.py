@@ -174,13 +174,14 @@ class Loader(FromDataset, SavedState, Stats):
             (see *Memory is bounded* above); default 4.
         dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
             this port of 127.0.0.1 (0: any free port) or ``"host:port"``; the URL is
-            :attr:`dashboard_url`. Served until :meth:`close`. On a loopback address it is
-            open to anyone on the machine; an address off loopback raises ``ValueError``
-            without ``dashboard_token_file``.
+            :attr:`dashboard_url`. Served until :meth:`close`. On a loopback address without
+            ``dashboard_token_file`` it is open to anyone on the machine; an address off
+            loopback raises ``ValueError`` without one.
         dashboard_token_file: with ``dashboard``, a file holding the credential a dashboard
             off loopback asks for (open ``/?token=CREDENTIAL`` once, after which the browser
-            keeps a cookie for 12 hours, or send ``Authorization: Bearer CREDENTIAL``). Keep it
-            apart from the distributed mode's ``token``.
+            keeps a cookie for 12 hours, or send ``Authorization: Bearer CREDENTIAL``); a
+            loopback dashboard given one asks for it too (behind a proxy). One equal to the
+            distributed mode's ``token`` raises ``ValueError``.
         format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
             ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder),
             ``"mds"`` (Mosaic Streaming's shards).

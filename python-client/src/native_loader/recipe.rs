@@ -1,7 +1,6 @@
 //! How a `NativeLoader` is built: its recipe (what makes a loader like it for another spec,
 //! as a resume on another world size needs) and the dashboard it starts.
 
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -131,15 +130,38 @@ impl Recipe {
     }
 }
 
-/// Starts the dashboard at `address` ("host:port"; off loopback only with the credential in
-/// `token_file`) with `loader`'s figures as `job_name`.
-pub(super) fn start_dashboard(
-    dashboard: Option<(String, Option<PathBuf>)>,
+/// The dashboard credential in `token_file` (none without one), refused when it is the
+/// distributed mode's token `rpc`: the dashboard serves plain HTTP, and its credential opens
+/// the page alone.
+fn dashboard_credentials(
+    token_file: Option<&std::path::Path>,
+    rpc: Option<&Token>,
+) -> PyResult<Vec<Token>> {
+    let Some(path) = token_file else {
+        return Ok(Vec::new());
+    };
+    let credential = Token::read(path)
+        .map_err(|e| PyValueError::new_err(format!("dashboard_token_file: {e}")))?;
+    if rpc.is_some_and(|rpc| rpc.expose() == credential.expose()) {
+        return Err(PyValueError::new_err(
+            "dashboard_token_file holds the distributed mode's token: the dashboard's \
+             credential must differ from it (the dashboard serves plain HTTP, and its \
+             credential may travel where the token must not)",
+        ));
+    }
+    Ok(vec![credential])
+}
+
+/// Starts the dashboard at `address` ("host:port"; off loopback only with `credentials`) with
+/// `loader`'s figures as `job_name`; with credentials, also on loopback only to requests that
+/// carry one.
+fn start_dashboard(
+    dashboard: Option<(String, Vec<Token>)>,
     job_name: &str,
     rank: u32,
     loader: &Loader,
 ) -> PyResult<Option<Dashboard>> {
-    let Some((address, token_file)) = dashboard else {
+    let Some((address, credentials)) = dashboard else {
         return Ok(None);
     };
     // A host name is resolved (`localhost:8321`), its first IPv4 address taken where it has
@@ -159,11 +181,6 @@ pub(super) fn start_dashboard(
         .ok_or_else(|| {
             PyValueError::new_err(format!("dashboard address {address:?} resolves to nothing"))
         })?;
-    let credentials = match token_file {
-        Some(path) => vec![Token::read(&path)
-            .map_err(|e| PyValueError::new_err(format!("dashboard_token_file: {e}")))?],
-        None => Vec::new(),
-    };
     let access = DashboardAccess {
         credentials,
         ..DashboardAccess::default()
@@ -186,18 +203,25 @@ impl NativeLoader {
         settings: LoaderSettings,
     ) -> PyResult<Self> {
         crate::logs::install();
+        // Read before the loader is built: a refused credential does not wait for a
+        // coordinator first.
+        let rpc_token = recipe
+            .remote
+            .as_ref()
+            .and_then(|(_, remote)| remote.token.as_ref());
+        let credentials =
+            dashboard_credentials(settings.dashboard_token_file.as_deref(), rpc_token)?;
         let loader = py
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
         let LoaderSettings {
             dashboard,
-            dashboard_token_file,
             job_name,
             rank,
             release_streams,
             ..
         } = settings;
-        let dashboard = dashboard.map(|address| (address, dashboard_token_file));
+        let dashboard = dashboard.map(|address| (address, credentials));
         let dashboard = start_dashboard(dashboard, &job_name, rank, &loader)?;
         let release = match &recipe.pinning {
             Some(pinning) if loader.slots().is_pinned() => Some(Arc::new(PinnedRelease {
