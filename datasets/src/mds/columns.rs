@@ -212,7 +212,9 @@ impl Encoding {
     /// The encoding Streaming names `name`.
     pub(super) fn of(name: &str) -> Encoding {
         match name {
+            // `jpeg:95`: Streaming's JPEG coder written with its quality.
             "bytes" | "jpeg" | "png" => Encoding::Bytes,
+            other if other.starts_with("jpeg:") => Encoding::Bytes,
             "pil" => Encoding::Pil,
             "str" => Encoding::Str,
             "int" => Encoding::Integer(IntType {
@@ -253,6 +255,17 @@ pub(super) struct Column {
     pub(super) fixed: Option<u32>,
     /// The shape an `ndarray:dtype:shape` encoding names.
     pub(super) shape: Option<Vec<u64>>,
+}
+
+impl Column {
+    /// The coder its encoding names, as Streaming reads it: the part before a `:` (`jpeg` of
+    /// `jpeg:95`, `ndarray` of `ndarray:uint8`).
+    pub(super) fn coder(&self) -> &str {
+        self.encoding_name
+            .split(':')
+            .next()
+            .unwrap_or(&self.encoding_name)
+    }
 }
 
 /// The columns a shard's entry in `index.json` (at `path`) declares.
@@ -345,7 +358,7 @@ pub(super) fn pick_sample_column(
         return Ok(k);
     }
     let image = |c: &Column| {
-        matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil" | "bytes")
+        matches!(c.coder(), "jpeg" | "png" | "pil" | "bytes")
             || matches!(c.encoding, Encoding::NdArray { .. })
     };
     if let Some(k) = IMAGE_COLUMN_NAMES
@@ -357,7 +370,7 @@ pub(super) fn pick_sample_column(
     // Else the one column encoded as an image; of several (MDSWriter keeps them in name
     // order, so the first is no choice of the writer's), none is guessed.
     let encoded: Vec<usize> = (0..columns.len())
-        .filter(|&k| matches!(columns[k].encoding_name.as_str(), "jpeg" | "png" | "pil"))
+        .filter(|&k| matches!(columns[k].coder(), "jpeg" | "png" | "pil"))
         .collect();
     if encoded.len() > 1 {
         let listed: Vec<String> = encoded

@@ -83,6 +83,35 @@ fn samples_and_labels_read_back_plain_and_compressed() {
     }
 }
 
+/// `MDSWriter(columns={"image": "jpeg:95", ...})` keeps the quality in the encoding's name,
+/// as Streaming's coder reads it: the column is JPEG bytes all the same. Before, the set was
+/// refused as having no image column, and with a `text` column beside it served that text.
+#[test]
+fn a_jpeg_column_written_with_its_quality_is_the_image_column() {
+    let temp = tempfile::tempdir().unwrap();
+    let columns = vec![
+        column("image", "jpeg:95", None),
+        column("label", "int", Some(8)),
+        column("text", "str", None),
+    ];
+    let rows = (0..4u8)
+        .map(|k| {
+            vec![
+                vec![k; 5],
+                i64::from(k % 2).to_le_bytes().to_vec(),
+                b"caption".to_vec(),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let dir = temp.path().join("quality");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), &temp.path().join("cache")).unwrap();
+    for k in 0..4u8 {
+        assert_eq!(dataset.read(u64::from(k)).unwrap(), vec![k; 5]);
+        assert_eq!(dataset.label(u64::from(k)), i64::from(k % 2));
+    }
+}
+
 /// MosaicML Streaming's own converters write `{"x": "jpeg", "y": "int"}`: `y` is the label
 /// (it was not looked for, and every label read 0); a `y` of another encoding is not taken.
 #[test]
