@@ -336,7 +336,20 @@ impl MdsDataset {
                 end - begin
             )));
         }
-        let mut bytes = vec![0u8; (wanted.end - wanted.start) as usize];
+        // Offsets are 32-bit: a column may claim up to 4 GiB, read only up to the cap every
+        // format keeps.
+        let size = wanted.end - wanted.start;
+        if size > crate::MAX_SAMPLE_BYTES {
+            return Err(Error::SampleTooLarge {
+                what: format!(
+                    "column {} of sample {local} of MDS shard {}",
+                    self.columns[column].name,
+                    shard.path.display()
+                ),
+                bytes: size,
+            });
+        }
+        let mut bytes = vec![0u8; size as usize];
         read_exact_at(&pooled.file, &shard.path, &mut bytes, wanted.start)?;
         Ok((bytes, shard, local))
     }

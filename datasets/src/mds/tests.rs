@@ -112,6 +112,47 @@ fn a_jpeg_column_written_with_its_quality_is_the_image_column() {
     }
 }
 
+/// A column claiming more than [`crate::MAX_SAMPLE_BYTES`] (MDS offsets are 32-bit, so up to
+/// 4 GiB) is a sample too large, refused before anything is allocated for it, as a tar member
+/// or a JSONL line is; the label beside it still reads. The shard is sparse: no 2 GiB written.
+#[test]
+fn a_column_past_the_sample_size_cap_is_too_large_not_read() {
+    use std::os::unix::fs::FileExt;
+    let temp = tempfile::tempdir().unwrap();
+    let columns = vec![
+        column("image", "jpeg", None),
+        column("label", "int", Some(8)),
+    ];
+    let dir = temp.path().join("huge");
+    write_mds(
+        &dir,
+        &columns,
+        &[vec![vec![7; 4], 3i64.to_le_bytes().to_vec()]],
+        1,
+        None,
+    )
+    .unwrap();
+    let path = dir.join("shard.00000.mds");
+    let bytes = std::fs::read(&path).unwrap();
+    let begin = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+    let huge = u32::try_from(crate::MAX_SAMPLE_BYTES + 1).unwrap();
+    let end = begin + 4 + huge + 8;
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(u64::from(end)).unwrap();
+    file.write_all_at(&end.to_le_bytes(), 8).unwrap();
+    file.write_all_at(&huge.to_le_bytes(), u64::from(begin))
+        .unwrap();
+    file.write_all_at(&3i64.to_le_bytes(), u64::from(end - 8))
+        .unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), &temp.path().join("cache")).unwrap();
+    assert_eq!(dataset.label(0), 3);
+    let error = dataset.read(0).unwrap_err();
+    assert!(
+        matches!(error, Error::SampleTooLarge { bytes, .. } if bytes == u64::from(huge)),
+        "{error}"
+    );
+}
+
 /// MosaicML Streaming's own converters write `{"x": "jpeg", "y": "int"}`: `y` is the label
 /// (it was not looked for, and every label read 0); a `y` of another encoding is not taken.
 #[test]
