@@ -142,11 +142,11 @@ pub(crate) fn decode(bytes: &[u8], uri: &str, max_bytes: usize) -> Result<Vec<In
             let label = i64::try_from(reader.u64().map_err(cut)?)
                 .map_err(|_| bad(&format!("a sample of {name} has a negative label")))?;
             let member = reader.string().map_err(cut)?;
-            if data_offset
-                .checked_add(sample_size)
-                .is_none_or(|end| end > size)
-            {
-                return Err(bad(&format!("a sample of {name} lies past its end")));
+            // A member the scan found cut short by the shard's end is kept, as the scan keeps
+            // it: its read reports the truncation (checked before anything is allocated), and
+            // the bad-sample policy applies.
+            if data_offset.checked_add(sample_size).is_none() {
+                return Err(bad(&format!("a sample of {name} lies past any end")));
             }
             index.push(
                 &member,
@@ -252,11 +252,17 @@ mod tests {
         let earlier = zstd::bulk::compress(&earlier, 3).unwrap();
         let error = decode(&earlier, "u", 1 << 20).unwrap_err().to_string();
         assert!(error.contains("earlier indexing rules"), "{error}");
+        // A member cut short by its shard's end, as a scan keeps it, reads back (before, the
+        // index was refused and every open scanned the whole set again); one whose end
+        // overflows is damage.
         let mut past = shard("p.tar");
-        past.size = 100;
+        past.size = 3000;
+        let bytes = encode(std::slice::from_ref(&past), 1 << 20).unwrap();
+        assert_eq!(decode(&bytes, "u", 1 << 20).unwrap()[0].index, past.index);
+        past.index = ShardIndex::of(0, &[("a/0.jpg", u64::MAX - 10, 1000, 3)]);
         let bytes = encode(&[past], 1 << 20).unwrap();
         let error = decode(&bytes, "u", 1 << 20).unwrap_err().to_string();
-        assert!(error.contains("past its end"), "{error}");
+        assert!(error.contains("past any end"), "{error}");
         // A negative label (no scan writes one) is refused: the set was served with label -1.
         let mut negative = shard("n.tar");
         negative.index = ShardIndex::of(0, &[("a/0.jpg", 512, 1000, -1)]);

@@ -157,14 +157,14 @@ fn json_names_a_label(bytes: &[u8]) -> bool {
         .unwrap_or(true)
 }
 
-/// Parses a `.json` member: an object with an integer `label` (or else `cls`) field.
+/// Parses a `.json` member: an object with an integer `label` (or else `cls`) field; a
+/// `label` that is no integer (a class's name) leaves an integer `cls` the label.
 pub(super) fn parse_json_label(bytes: &[u8]) -> Option<i64> {
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     let object = value.as_object()?;
-    object
-        .get("label")
-        .or_else(|| object.get("cls"))
-        .and_then(serde_json::Value::as_i64)
+    ["label", "cls"]
+        .iter()
+        .find_map(|key| object.get(*key).and_then(serde_json::Value::as_i64))
 }
 
 /// The image member of the sample being gathered.
@@ -771,6 +771,12 @@ mod tests {
         assert_eq!(parse_json_label(br#"{"label": 3}"#), Some(3));
         assert_eq!(parse_json_label(br#"{"cls": 4, "x": 1}"#), Some(4));
         assert_eq!(parse_json_label(br#"{"label": "3"}"#), None);
+        // A class's name as `label`, its number as `cls`: the number.
+        assert_eq!(
+            parse_json_label(br#"{"label": "tench", "cls": 0}"#),
+            Some(0)
+        );
+        assert_eq!(parse_json_label(br#"{"label": 2, "cls": 5}"#), Some(2));
         assert_eq!(parse_json_label(b"[3]"), None);
     }
 
