@@ -88,6 +88,7 @@ mod megatron;
 mod naming;
 mod parquet_files;
 mod referenced_files;
+mod same_file;
 mod sample_source;
 mod split_names;
 mod storage;

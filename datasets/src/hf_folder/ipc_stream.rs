@@ -26,6 +26,7 @@ use arrow_ipc::{MessageHeader, MetadataVersion};
 use arrow_schema::{DataType, SchemaRef, UnionMode};
 
 use crate::error::{without_panics, Error, Result};
+use crate::same_file::SameFile;
 use crate::storage::CachedObject;
 
 /// The marker before each message's header length (since Arrow 0.15).
@@ -49,6 +50,8 @@ pub(super) struct StreamFile {
     /// File size in bytes.
     pub(super) bytes: u64,
     file: File,
+    /// The file as opened: each read refuses it cut, grown or rewritten to another length.
+    same: SameFile,
     pub(super) schema: SchemaRef,
     pub(super) batches: Vec<BatchBlock>,
     /// The copy in the cache tier read for an object of a store, locked while it is read.
@@ -96,10 +99,8 @@ impl StreamFile {
     pub(super) fn open_copy(path: PathBuf, copy: Option<CachedObject>) -> Result<StreamFile> {
         let read_from = copy.as_ref().map_or(path.as_path(), |copy| copy.path());
         let file = File::open(read_from).map_err(|source| Error::io(&path, source))?;
-        let bytes = file
-            .metadata()
-            .map_err(|source| Error::io(&path, source))?
-            .len();
+        let same = SameFile::of_file(&file, &path)?;
+        let bytes = same.len();
         let truncated = |position: u64, needed: u64| {
             stream_error(
                 &path,
@@ -226,6 +227,7 @@ impl StreamFile {
             path,
             bytes,
             file,
+            same,
             schema,
             batches,
             _copy: copy,
@@ -302,6 +304,9 @@ impl StreamFile {
 
         let body_len = usize::try_from(body_len)
             .map_err(|_| corrupt(format!("a body of {body_len} bytes does not fit memory")))?;
+        // Changed since it was opened (`save_to_disk` again into the same folder, a copy
+        // still being written): the job stops naming the file, no row is a bad sample.
+        self.same.check(&self.file, &self.path)?;
         // Zeroed pages cost nothing until written: only the wanted spans are read into it.
         let mut body = MutableBuffer::from_len_zeroed(body_len);
         for span in &spans {
@@ -309,12 +314,19 @@ impl StreamFile {
             else {
                 continue;
             };
-            read_at(
-                &self.file,
-                &self.path,
-                &mut body.as_slice_mut()[start..end],
-                block.body_offset + span.start,
-            )?;
+            let at = block.body_offset + span.start;
+            let into = &mut body.as_slice_mut()[start..end];
+            self.file.read_exact_at(into, at).map_err(|source| {
+                if source.kind() == std::io::ErrorKind::UnexpectedEof {
+                    Error::FileChanged {
+                        path: self.path.clone(),
+                        opened_len: self.bytes,
+                        end: at + (end - start) as u64,
+                    }
+                } else {
+                    Error::io(&self.path, source)
+                }
+            })?;
         }
         let body: Buffer = body.into();
         let dictionaries = HashMap::new();

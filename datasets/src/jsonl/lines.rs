@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::same_file::SameFile;
 use crate::storage::CachedObject;
 
 use super::lenient::BOM;
@@ -32,6 +33,8 @@ pub(super) struct JsonlFile {
     pub(super) read_from: PathBuf,
     /// The file's length when it was indexed.
     pub(super) bytes: u64,
+    /// The file read as it was indexed: each read refuses another one in its place.
+    same: SameFile,
     pub(super) lines: Vec<LineRef>,
     /// The decompressed copy in the cache tier, locked while the file is read.
     _copy: Option<CachedObject>,
@@ -140,10 +143,12 @@ impl JsonlFile {
             offset += filled as u64;
         }
         scan.finish(offset, &path, &mut lines)?;
+        let same = SameFile::of_file(&file, &path)?;
         Ok(JsonlFile {
             path,
             read_from,
             bytes: offset,
+            same,
             lines,
             _copy: copy,
         })
@@ -157,6 +162,9 @@ impl JsonlFile {
             is_out_of_descriptors,
         );
         let opened = opened.map_err(|source| Error::io(&self.path, source))?;
+        // The pool opens it again by its path once it let it go: a file renamed over it
+        // would give other documents' bytes at the offsets indexed.
+        self.same.check(&opened.file, &self.path)?;
         if u64::from(line.len) > crate::MAX_SAMPLE_BYTES {
             return Err(Error::SampleTooLarge {
                 what: format!("{}:{}", self.path.display(), line.line),
@@ -175,5 +183,40 @@ impl JsonlFile {
             }
             Err(source) => Err(Error::io(&self.path, source)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file renamed over the indexed one, same length, other documents, read once the pool
+    /// opens it again by its path (it let it go for others): refused, where before the other
+    /// file's lines came back under the offsets and labels indexed.
+    #[test]
+    fn a_file_replaced_under_the_index_is_refused_when_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        std::fs::write(&path, "{\"text\": \"first\"}\n{\"text\": \"again\"}\n").unwrap();
+        let file = JsonlFile::open(path.clone(), None).unwrap();
+        let pool = FilePool::with_budget(1);
+        let key = pool.reserve_keys(1).start;
+        let first = file.lines[0];
+        assert_eq!(
+            file.line(&pool, key, first).unwrap(),
+            b"{\"text\": \"first\"}"
+        );
+        let other = dir.path().join("a.jsonl.new");
+        std::fs::write(&other, "{\"text\": \"FIRST\"}\n{\"text\": \"AGAIN\"}\n").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        // Still held: the file indexed, read as it was.
+        assert_eq!(
+            file.line(&pool, key, first).unwrap(),
+            b"{\"text\": \"first\"}"
+        );
+        pool.forget(key..key + 1);
+        let error = file.line(&pool, key, first).unwrap_err();
+        assert!(matches!(error, Error::FileReplaced { .. }), "{error:?}");
+        assert!(error.dataset_changed() && error.to_string().contains("a.jsonl"));
     }
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::mds_error;
 use crate::error::{Error, Result};
+use crate::same_file::SameFile;
 use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
 
 /// One shard: where it is read from and its samples' offsets.
@@ -21,7 +22,7 @@ pub(super) struct Shard {
     /// The samples' byte offsets, `n + 1` of them.
     pub(super) offsets: Vec<u32>,
     /// The file read from as it was opened: its device, inode and length.
-    identity: (u64, u64, u64),
+    identity: SameFile,
     /// The copy in the cache tier, locked while the shard is read.
     _copy: Option<CachedObject>,
 }
@@ -234,7 +235,7 @@ impl Shard {
             path,
             read_from,
             offsets,
-            identity: identity_of(&metadata),
+            identity: SameFile::of(&metadata),
             _copy: copy,
         })
     }
@@ -247,22 +248,6 @@ impl Shard {
     /// is not compared (shards touched to keep a scratch purge away are the same); a shard
     /// rewritten in place at the same length is not told.
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
-        let metadata = file
-            .metadata()
-            .map_err(|error| Error::io(&self.path, error))?;
-        if identity_of(&metadata) == self.identity {
-            return Ok(());
-        }
-        Err(Error::FileReplaced {
-            path: self.path.clone(),
-            opened_len: self.identity.2,
-            now_len: metadata.len(),
-        })
+        self.identity.check(file, &self.path)
     }
-}
-
-/// A file's device, inode and length.
-fn identity_of(metadata: &std::fs::Metadata) -> (u64, u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    (metadata.dev(), metadata.ino(), metadata.len())
 }

@@ -6,8 +6,8 @@
 use std::fs::File;
 use std::io::Read;
 use std::ops::Range;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use parquet::errors::ParquetError;
@@ -15,15 +15,50 @@ use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::error::{Error, Result};
+use crate::same_file::SameFile;
 use crate::storage::ByteRanges;
 
 /// The bytes of one Parquet file.
 #[derive(Clone)]
 pub(crate) enum FileBytes {
     /// A local file.
-    Local(PathBuf),
+    Local(LocalFile),
     /// A file read by ranges (an object in a store).
     Remote(Arc<dyn ByteRanges>),
+}
+
+/// A local Parquet file, opened again by its path for each read of its column chunks, and
+/// held to the file whose footer was read: another file renamed over it, or the file cut or
+/// grown, would give other bytes at the footer's offsets (other rows under the labels read at
+/// open), so such a read is [`Error::FileReplaced`] and stops the job.
+#[derive(Clone)]
+pub(crate) struct LocalFile {
+    path: PathBuf,
+    /// Taken as the footer is read; shared by the clones of this file.
+    footer_of: Arc<OnceLock<SameFile>>,
+}
+
+impl LocalFile {
+    pub(crate) fn new(path: PathBuf) -> LocalFile {
+        LocalFile {
+            path,
+            footer_of: Arc::default(),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file opened, checked against the one whose footer was read (if it was).
+    fn open(&self) -> Result<File> {
+        let file = File::open(&self.path).map_err(|source| Error::io(&self.path, source))?;
+        let now = SameFile::of_file(&file, &self.path)?;
+        self.footer_of
+            .get_or_init(|| now)
+            .matches(now, &self.path)?;
+        Ok(file)
+    }
 }
 
 /// Bytes of a remote file's tail read first, at most: most footers fit. A small file reads a
@@ -35,9 +70,7 @@ impl FileBytes {
     /// A reader of the footer (a local file: the whole file).
     pub(crate) fn footer(&self) -> Result<ChunkBytes> {
         match self {
-            FileBytes::Local(path) => Ok(ChunkBytes::Local(
-                File::open(path).map_err(|source| Error::io(path, source))?,
-            )),
+            FileBytes::Local(local) => Ok(ChunkBytes::Local(local.open()?)),
             FileBytes::Remote(object) => {
                 let len = object.size();
                 let tail_bytes = (len / 1024).clamp(1024, TAIL_BYTES);
@@ -73,9 +106,7 @@ impl FileBytes {
         roots: &[usize],
     ) -> Result<ChunkBytes> {
         match self {
-            FileBytes::Local(path) => Ok(ChunkBytes::Local(
-                File::open(path).map_err(|source| Error::io(path, source))?,
-            )),
+            FileBytes::Local(local) => Ok(ChunkBytes::Local(local.open()?)),
             FileBytes::Remote(object) => {
                 let ranges = column_chunk_ranges(metadata, row_groups, roots, object.size());
                 let fetched = object.read_ranges(&ranges)?;

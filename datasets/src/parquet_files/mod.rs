@@ -47,7 +47,7 @@ use crate::label_checks;
 use crate::naming::RemoteFiles;
 use crate::sample_source::SampleSource;
 use crate::storage::{list_remote, Hint, ObjectCache, Prefetcher, RemoteObject};
-use bytes::FileBytes;
+use bytes::{FileBytes, LocalFile};
 use row_group_cache::RowGroupCache;
 
 use footer::{open_file, read_labels, OpenedFile};
@@ -409,7 +409,7 @@ impl ParquetDataset {
                  Image(decode=True) and `embed_table_storage`, or `stoker convert`)"
             )));
         };
-        let base = local.parent().unwrap_or(Path::new("."));
+        let base = local.path().parent().unwrap_or(Path::new("."));
         crate::image_file::read_referenced(reference, base, refused)
     }
 }

@@ -21,7 +21,7 @@ impl ParquetDataset {
         }
         let files = paths
             .into_iter()
-            .map(|path| (path.clone(), FileBytes::Local(path)))
+            .map(|path| (path.clone(), FileBytes::Local(LocalFile::new(path))))
             .collect();
         Self::open_files(path, root, files, options, None, started)
     }
@@ -42,7 +42,7 @@ impl ParquetDataset {
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let files = paths
             .into_iter()
-            .map(|path| (path.clone(), FileBytes::Local(path)))
+            .map(|path| (path.clone(), FileBytes::Local(LocalFile::new(path))))
             .collect();
         Self::open_files(name, root, files, options, None, started)
     }

@@ -927,3 +927,35 @@ fn a_text_cell_that_is_not_utf8_fails_only_its_sample() {
         }
     }
 }
+
+/// A file renamed over one of the set's while it is open (the set written again, a copy
+/// finished beside it): same layout, other bytes. The offsets read from the first file's footer
+/// would serve the second file's rows under the first's labels; the read stops the job instead,
+/// naming the file. Before, `Image 0` came back where `image 0` was opened.
+#[test]
+fn a_file_replaced_under_the_open_set_stops_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.parquet");
+    write_file(&path, image_columns(8), 4);
+    let dataset = open(&path).unwrap();
+    let other = dir.path().join("a.parquet.new");
+    let images: Vec<Vec<u8>> = (0..8).map(|k| format!("Image {k}").into_bytes()).collect();
+    let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+    let labels: Vec<i32> = (0..8).map(|k| (k + 1) % 3).collect();
+    write_file(
+        &other,
+        vec![
+            ("image", binary(&images)),
+            ("label", Arc::new(Int32Array::from(labels)) as ArrayRef),
+        ],
+        4,
+    );
+    assert_eq!(
+        std::fs::metadata(&other).unwrap().len(),
+        std::fs::metadata(&path).unwrap().len()
+    );
+    std::fs::rename(&other, &path).unwrap();
+    let error = dataset.read(0).unwrap_err();
+    assert!(matches!(error, Error::FileReplaced { .. }), "{error:?}");
+    assert!(error.dataset_changed() && error.to_string().contains("a.parquet"));
+}
