@@ -79,7 +79,8 @@ impl JsonlDocuments {
     ///
     /// `text_field` is the field read (`""`: `"text"`); `label_field` the integer label field
     /// (`""`: `"label"` when the first document has an integer one, else no label, and every
-    /// label is -1).
+    /// label is -1; a field named that the first document holds no integer in is refused, and
+    /// a later document without one reads -1).
     pub fn open(path: &Path, text_field: &str, label_field: &str) -> Result<JsonlDocuments> {
         Self::open_with_cache(path, text_field, label_field, &ObjectCacheOptions::from_env)
     }
@@ -196,6 +197,7 @@ impl JsonlDocuments {
                 .and_then(|record| record.get(DEFAULT_LABEL_FIELD).and_then(Value::as_i64))
                 .map(|_| DEFAULT_LABEL_FIELD.to_string())
         } else {
+            documents.check_named_label(label_field)?;
             Some(label_field.to_string())
         };
         info!(
@@ -226,6 +228,33 @@ impl JsonlDocuments {
     /// The label field, if labels are read.
     pub fn label_field(&self) -> Option<&str> {
         self.label_field.as_deref()
+    }
+
+    /// Refuses a label field `field` that the first document (when it reads) holds no
+    /// integer in: a misnamed field, every label of which would read -1, where the other
+    /// formats refuse a label column that is not there.
+    fn check_named_label(&self, field: &str) -> Result<()> {
+        let Ok(first) = self.record(0) else {
+            return Ok(()); // a bad sample, told when read
+        };
+        if first.get(field).and_then(Value::as_i64).is_some() {
+            return Ok(());
+        }
+        let (file, line) = self.locate(0).ok_or(Error::EmptyJsonl(self.root.clone()))?;
+        let held = first
+            .keys()
+            .take(8)
+            .map(|key| format!("{key:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(Error::MalformedRecord {
+            path: file.path.clone(),
+            line: u64::from(line.line),
+            reason: format!(
+                "the label field {field:?} holds no integer in the first document (its fields: \
+                 {held}): name the field that holds each document's integer label"
+            ),
+        })
     }
 
     fn locate(&self, index: u64) -> Option<(&JsonlFile, LineRef)> {

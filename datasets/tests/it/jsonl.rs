@@ -82,6 +82,19 @@ fn other_fields_and_missing_labels() {
     assert_eq!(text(&plain, 1), "z");
     let labelled = JsonlDocuments::open(&path, "body", "y").unwrap();
     assert_eq!((labelled.label(0), labelled.label(1)), (7, -1));
+    // A label field misnamed (or holding no integer) is refused at open, naming the file and
+    // the fields there: before, every label read -1.
+    for misnamed in ["labels", "body"] {
+        let refused = JsonlDocuments::open(&path, "body", misnamed)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("docs.jsonl:1")
+                && refused.contains(&format!("label field {misnamed:?}"))
+                && refused.contains("\"y\""),
+            "{refused}"
+        );
+    }
 }
 
 /// Lines as Python's `json.dumps` writes them (a float that is not finite as `NaN` or

@@ -177,11 +177,10 @@ class Loader(FromDataset, SavedState, Stats):
             :attr:`dashboard_url`. Served until :meth:`close`. On a loopback address without
             ``dashboard_token_file`` it is open to anyone on the machine; an address off
             loopback raises ``ValueError`` without one.
-        dashboard_token_file: with ``dashboard``, a file holding the credential a dashboard
-            off loopback asks for (open ``/?token=CREDENTIAL`` once, after which the browser
-            keeps a cookie for 12 hours, or send ``Authorization: Bearer CREDENTIAL``); a
-            loopback dashboard given one asks for it too (behind a proxy). One equal to the
-            distributed mode's ``token`` raises ``ValueError``.
+        dashboard_token_file: with ``dashboard``, a file holding the credential the dashboard
+            then asks for, on loopback too (open ``/?token=CREDENTIAL`` once: the browser keeps
+            a cookie for 12 hours; or send ``Authorization: Bearer CREDENTIAL``); one equal to
+            the distributed mode's ``token`` raises ``ValueError``.
         format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
             ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder),
             ``"mds"`` (Mosaic Streaming's shards).
@@ -193,8 +192,9 @@ class Loader(FromDataset, SavedState, Stats):
             (default: ``label``, else the first ``ClassLabel`` feature, logging which when
             there are several; else, beside images, an integer ``labels``, ``cls``, ``target``,
             ``targets`` or ``y``; an image set without one logs a warning that every label is
-            0). Labels are class
-            indices: a negative one refuses the set. Not with :func:`stoker.mix`.
+            0), or the integer label field of JSONL documents (default: ``label`` when the
+            first holds an integer one; one named that it holds no integer in refuses the
+            set). Labels are class indices: a negative one refuses the set. Not with mix().
         image_column: the image column of a Parquet file, Hugging Face folder or MDS set
             (default: ``image``, ``jpg`` or ``png``, else the first ``Image`` feature
             ``datasets`` wrote, else, in MDS, its one column encoded ``jpeg``, ``png`` or
