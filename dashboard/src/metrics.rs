@@ -191,26 +191,30 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_prefetch_depth",
         kind: "gauge",
-        help: "Batches the loader may keep in flight.",
-        samples: |job| one(job.latest.as_ref().map(|s| s.stats.prefetch_depth as f64)),
+        help: "Batches the loader may keep in flight (absent for a remote client whose reports stopped).",
+        samples: |job| {
+            one_unless_silent(job, job.latest.as_ref().map(|s| s.stats.prefetch_depth as f64))
+        },
     },
     Family {
         name: "stoker_in_flight_batches",
         kind: "gauge",
-        help: "Batches being built.",
-        samples: |job| one(job.latest.as_ref().map(|s| s.stats.in_flight as f64)),
+        help: "Batches being built (absent for a remote client whose reports stopped).",
+        samples: |job| {
+            one_unless_silent(job, job.latest.as_ref().map(|s| s.stats.in_flight as f64))
+        },
     },
     Family {
         name: "stoker_batch_latency_seconds",
         kind: "gauge",
-        help: "Smoothed time from requesting a batch to its arrival (automatic prefetch only).",
-        samples: |job| one(controller(job).map(|c| c.latency_mean.as_secs_f64())),
+        help: "Smoothed time from requesting a batch to its arrival (automatic prefetch only; absent for a remote client whose reports stopped).",
+        samples: |job| one_unless_silent(job, controller(job).map(|c| c.latency_mean.as_secs_f64())),
     },
     Family {
         name: "stoker_trainer_step_seconds",
         kind: "gauge",
-        help: "Smoothed time the trainer spends between next() calls (automatic prefetch only).",
-        samples: |job| one(controller(job).map(|c| c.step_mean.as_secs_f64())),
+        help: "Smoothed time the trainer spends between next() calls (automatic prefetch only; absent for a remote client whose reports stopped).",
+        samples: |job| one_unless_silent(job, controller(job).map(|c| c.step_mean.as_secs_f64())),
     },
     Family {
         name: "stoker_decode_threads",

@@ -222,6 +222,24 @@ pub(crate) struct Point {
     delta: Delta,
 }
 
+impl Point {
+    /// This reading with every share of time and rate unknown: what a remote client whose
+    /// reports stopped shows (its counts and depths stay, as last reported).
+    fn unknown_while_silent(self) -> Point {
+        Point {
+            stall_pct: None,
+            gpu_idle_pct: None,
+            gpu_lane_cost_pct: None,
+            samples_per_s: None,
+            batch_latency_ms: None,
+            time: TimePerSample::default(),
+            busy_pct: None,
+            batches_per_s: None,
+            ..self
+        }
+    }
+}
+
 /// The figures over the verdict window that ends at some reading.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Window {
@@ -297,6 +315,10 @@ impl JobSeries {
                 (stats.batches > 0).then(|| stats.samples as f64 / stats.batches as f64)
             });
             let controller = snapshot.controller.as_ref();
+            // A silent remote client's figures stay as it last reported them and its silent
+            // intervals add no time: every share and rate of the window would be its last
+            // report's, shown as current. Unknown instead, as its busy share.
+            let silent = snapshot.report_age_s.is_some();
             let point = Point {
                 t_ms,
                 stall_pct: delta.stall_pct(),
@@ -316,10 +338,7 @@ impl JobSeries {
                         .filter(|step| !step.is_zero()),
                     batch_size,
                 ),
-                // A silent remote client's threads: unknown.
-                busy_pct: (snapshot.report_age_s.is_none())
-                    .then(|| trailing.busy_pct(threads))
-                    .flatten(),
+                busy_pct: trailing.busy_pct(threads),
                 batches_per_s: (trailing.elapsed_s > 0.0)
                     .then(|| round(trailing.batches as f64 / trailing.elapsed_s, 1)),
                 samples_total: stats.samples,
@@ -327,6 +346,11 @@ impl JobSeries {
                 gpu_decode: stats.gpu_decode.clone(),
                 report_age_s: snapshot.report_age_s.map(|age| round(age, 1)),
                 delta,
+            };
+            let point = if silent {
+                point.unknown_while_silent()
+            } else {
+                point
             };
             self.points.push_back(point);
             let capacity = capacity();
@@ -383,10 +407,19 @@ impl JobSeries {
         let mut time = TimePerSample::new(&sum, threads.unwrap_or(0), None, None);
         time.trainer_ms = step;
         let stall_pct = sum.stall_pct();
-        let verdict = match self.points.get(end).and_then(|point| point.report_age_s) {
-            Some(age) => Verdict::Silent(age as u64),
-            None => verdict_of(&sum, own_threads),
-        };
+        if let Some(age) = self.points.get(end).and_then(|point| point.report_age_s) {
+            // Its last report's figures, not the window's: unknown (see `sample`).
+            return Window {
+                seconds: round(sum.elapsed_s, 1),
+                stall_pct: None,
+                gpu_idle_pct: None,
+                gpu_lane_cost_pct: None,
+                samples_per_s: None,
+                time: TimePerSample::default(),
+                verdict: Verdict::Silent(age as u64),
+            };
+        }
+        let verdict = verdict_of(&sum, own_threads);
         Window {
             seconds: round(sum.elapsed_s, 1),
             stall_pct,
@@ -585,11 +618,20 @@ mod tests {
         registry.sample_all();
         // Reports coming: the figures are the report's.
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 100.0);
+        {
+            let mut next = latest.lock().unwrap();
+            next.stats.elapsed_s = 101.0;
+            next.stats.samples = 6000;
+            next.stats.batches = 60;
+        }
+        registry.sample_all();
+        let live = registry.jobs[0].points.back().unwrap();
+        assert!(live.samples_per_s.is_some() && live.batches_per_s.is_some());
         std::thread::sleep(REPORT_STALE_AFTER + Duration::from_millis(600));
         let later = registry.jobs[0].monitor.snapshot().stats;
         assert_eq!(
             (later.elapsed_s, later.samples, later.wait_s),
-            (100.0, 5000, 1.0)
+            (101.0, 6000, 1.0)
         );
         registry.sample_all();
         let window = registry.jobs[0].window_ending(registry.jobs[0].points.len() - 1);
@@ -617,15 +659,28 @@ mod tests {
             "stoker_stall_ratio_window{",
             "stoker_samples_per_second{",
             "stoker_decode_busy_ratio{",
+            "stoker_in_flight_batches{",
+            "stoker_prefetch_depth{",
         ] {
             assert!(!text.contains(unknown), "{unknown} while silent: {text}");
         }
         assert!(
-            text.contains("stoker_run_seconds_total{stoker_job=\"remote\",rank=\"0\"} 100\n"),
+            text.contains("stoker_run_seconds_total{stoker_job=\"remote\",rank=\"0\"} 101\n"),
             "{text}"
         );
+        // Nor on the page: its silent intervals add no time, so the window's rates were its
+        // last report's, shown beside "no report for 2 s" as current.
         let current = registry.jobs[0].points.back().unwrap();
         assert_eq!(current.busy_pct, None, "no busy share while silent");
+        assert_eq!(
+            (
+                current.samples_per_s,
+                current.batches_per_s,
+                current.stall_pct
+            ),
+            (None, None, None)
+        );
+        assert_eq!((window.samples_per_s, window.stall_pct), (None, None));
         // A new report is taken as it is.
         latest.lock().unwrap().stats.elapsed_s = 103.0;
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 103.0);
