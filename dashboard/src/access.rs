@@ -7,7 +7,8 @@
 //! credential seen on the dashboard's wire opens no gRPC call, and the RPC token opens no page.
 //!
 //! - a browser presents it once in the URL (`/?token=CREDENTIAL`); the answer is a redirect to
-//!   the same URL without it, setting a session cookie: `HttpOnly`, `SameSite=Strict`, expiring
+//!   the same URL without it, setting a session cookie named by the port
+//!   (`stoker_dashboard_8321`, so that dashboards on one host keep theirs apart): `HttpOnly`, `SameSite=Strict`, expiring
 //!   after [`COOKIE_LIFETIME`], `Secure` when the dashboard serves HTTPS. The cookie holds its
 //!   expiry signed with a key drawn at start (HMAC-SHA256), so it holds nothing of the
 //!   credential, cannot be extended, and every cookie ends with the process;
@@ -28,8 +29,10 @@ use axum::response::{IntoResponse, Response};
 use ring::hmac;
 use stoker_rpc::security::{token_matches, ServerSecurity, Token};
 
-/// The cookie a browser keeps after presenting the credential.
-const COOKIE: &str = "stoker_dashboard";
+/// The start of the name of the cookie a browser keeps after presenting the credential; the
+/// dashboard's port ends it (cookies are not kept apart by port: dashboards on one host, one
+/// per rank say, would each overwrite the others' under one name).
+const COOKIE: &str = "stoker_dashboard_";
 
 /// How long a dashboard cookie opens the dashboard.
 pub const COOKIE_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -56,6 +59,8 @@ impl DashboardAccess {
 /// The check every request passes, built once at start.
 pub(crate) struct Gate {
     open: bool,
+    /// The cookie's name: [`COOKIE`] and the port.
+    cookie: String,
     metrics_open: bool,
     credentials: Arc<[Token]>,
     /// Signs the cookies this process hands out.
@@ -107,6 +112,7 @@ impl Gate {
             // Given a credential, a loopback dashboard asks for it too: it may be reached
             // through a proxy on this machine.
             open: address.ip().is_loopback() && access.credentials.is_empty(),
+            cookie: format!("{COOKIE}{}", address.port()),
             metrics_open: access.metrics_without_token,
             secure: access.serves_tls(),
             credentials: access.credentials.into(),
@@ -137,7 +143,8 @@ impl Gate {
         let lifetime = COOKIE_LIFETIME.as_secs();
         let secure = if self.secure { "; Secure" } else { "" };
         format!(
-            "{COOKIE}={}; Max-Age={lifetime}; Path=/; HttpOnly; SameSite=Strict{secure}",
+            "{}={}; Max-Age={lifetime}; Path=/; HttpOnly; SameSite=Strict{secure}",
+            self.cookie,
             self.cookie_value(now + lifetime)
         )
     }
@@ -158,7 +165,12 @@ impl Gate {
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|cookies| cookies.split(';'))
-            .filter_map(|cookie| cookie.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+            .filter_map(|cookie| {
+                cookie
+                    .trim()
+                    .strip_prefix(self.cookie.as_str())?
+                    .strip_prefix('=')
+            })
             .any(|value| self.cookie_valid(value, now))
     }
 }
@@ -327,6 +339,31 @@ mod tests {
         }
         // Another process's key (another gate) does not accept this one's cookies.
         assert!(!self::gate(false).cookie_valid(&value, now));
+    }
+
+    /// Cookies are kept by host, not by port: two dashboards on one host (a rank each) under
+    /// one name overwrote each other's, each tab then signed out.
+    #[test]
+    fn dashboards_on_other_ports_name_their_cookies_apart() {
+        let on = |port: u16| {
+            Gate::new(SocketAddr::from(([0; 4], port)), DashboardAccess::default())
+                .expect("randomness")
+        };
+        let (first, second) = (on(8321), on(8322));
+        let cookie = first.set_cookie(100);
+        assert!(cookie.starts_with("stoker_dashboard_8321="), "{cookie}");
+        assert!(second.set_cookie(100).starts_with("stoker_dashboard_8322="));
+        // One dashboard reads its own cookie only, by name: `..._832` is not `..._8321`.
+        let value = first.cookie_value(unix_now() + 60);
+        let request = |pair: &str| {
+            Request::builder()
+                .header(header::COOKIE, pair)
+                .body(axum::body::Body::empty())
+                .expect("request")
+        };
+        assert!(first.cookie_ok(&request(&format!("a=1; stoker_dashboard_8321={value}"))));
+        assert!(!first.cookie_ok(&request(&format!("stoker_dashboard_832={value}"))));
+        assert!(!first.cookie_ok(&request(&format!("stoker_dashboard={value}"))));
     }
 
     #[test]

@@ -640,11 +640,14 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
         200
     );
     // A cookie whose expiry was pushed out no longer matches its signature.
-    let (expiry, tag) = pair.split_once('=').unwrap().1.split_once('.').unwrap();
-    let later = format!(
-        "stoker_dashboard={}.{tag}",
-        expiry.parse::<u64>().unwrap() + 3600
+    let (name, value) = pair.split_once('=').unwrap();
+    assert_eq!(
+        name,
+        format!("stoker_dashboard_{}", http.port()),
+        "named by its port"
     );
+    let (expiry, tag) = value.split_once('.').unwrap();
+    let later = format!("{name}={}.{tag}", expiry.parse::<u64>().unwrap() + 3600);
     assert_eq!(http_get_with(http, "/", &[("Cookie", &later)]).status, 401);
     let bearer = format!("Bearer {DASHBOARD}");
     assert_eq!(
