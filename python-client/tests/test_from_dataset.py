@@ -1028,6 +1028,48 @@ def test_a_script_that_exits_without_closing_stops_its_workers_without_replacing
     assert "replaced" not in done.stderr, done.stderr
 
 
+
+def test_a_close_on_a_lanes_own_thread_does_not_wait_for_its_exchange(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The collector may finalise a loader in a reference cycle on any thread, its own lane's
+    mid-exchange with a worker among them: close() there waited 5 s for the worker (never told
+    to stop, the lane holding its pipe), 5 s more for the lane to let the pipe go, and left it
+    open. It stops the worker and closes the pipe at once now; the lane's exchange ends on it."""
+    import multiprocessing
+
+    from stoker import _dataset_workers
+
+    loader = stoker.Loader.from_dataset(Squares(64), batch_size=4, num_workers=1,
+                                        output="numpy", multiprocessing_context="fork")
+    worker = loader._side.builder._workers[0]
+    build = _dataset_workers.Worker._build
+    took: list[float] = []
+
+    def closing_first(self: Any, *args: Any) -> Any:
+        if not took:
+            started = time.monotonic()
+            try:
+                loader.close()  # as the collector would, on this lane's thread
+            finally:
+                took.append(time.monotonic() - started)
+        return build(self, *args)
+
+    monkeypatch.setattr(_dataset_workers.Worker, "_build", closing_first)
+    with caplog.at_level("WARNING", logger="stoker"):
+        with pytest.raises(stoker.StokerError, match="closed"):
+            for _ in loader:
+                pass
+        # next() raises as the close begins; the lane's close ends on its own thread.
+        deadline = time.monotonic() + 15
+        while not took and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert took and took[0] < 3.0, took
+    assert worker.conn.closed
+    assert not [r for r in caplog.records if "left open" in r.getMessage()]
+    assert [p.name for p in multiprocessing.active_children()
+            if p.name.startswith("stoker-dataset-worker-")] == []
+
 _SLOW_TO_START = """
 import os, sys, time
 if __name__ == "__mp_main__":

@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from stoker._busy import IndexWord, LoadingLog, batch_text
@@ -95,6 +96,8 @@ class Worker:
         # uses it (the descriptor's number goes to the next file opened, which the other
         # thread would then read, write or close).
         self.lock = threading.Lock()
+        # The thread in an exchange (holding ``lock``, see :meth:`exchange`), None when none.
+        self._holder: int | None = None
         # Sends a new process its state, until :meth:`started` has seen it loaded.
         self._sender: threading.Thread | None = None
         try:
@@ -229,7 +232,7 @@ class Worker:
     def set_layout(self, layout: Layout) -> None:
         """Sends the samples' layout (and keeps it for a replacement); a worker gone by then
         is seen, and replaced with it, at its next exchange."""
-        with self.lock:
+        with self.exchange():
             self.layout = layout
             with contextlib.suppress(OSError):
                 self.conn.send(("layout", layout))
@@ -243,7 +246,7 @@ class Worker:
         doing = batch_text(epoch, step, indices)
         message = ("build", epoch, indices, shared[3], len(view))
         try:
-            with self.lock, self.log.loading(self.number, doing):
+            with self.exchange(), self.log.loading(self.number, doing):
                 if not self.process.is_alive() and not self.stopping:
                     self._replace(f"it died before {doing}{self._last_words()}")
                 try:
@@ -402,10 +405,31 @@ class Worker:
             return ""
         return f" (it said: {_last_lines(str(reply[-1]), 2)})"
 
+    @contextlib.contextmanager
+    def exchange(self) -> Iterator[None]:
+        """Holds ``lock`` for an exchange with the worker, this thread noted as its holder."""
+        with self.lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
+
+    def _held_here(self) -> bool:
+        """Whether this thread is in an exchange with the worker, paused under a call to
+        close() (the collector finalising a loader on its own lane's thread): that close must
+        not wait for the exchange, which cannot go on before it returns, and nothing else uses
+        the pipe meanwhile."""
+        return self._holder == threading.get_ident()
+
     def ask_to_stop(self) -> None:
         """Asks the worker to exit once its current batch is done (and not to be replaced): at
-        once when no lane is in an exchange with it, else by that lane as its exchange ends."""
+        once when no lane is in an exchange with it (or this thread's is), else by that lane as
+        its exchange ends."""
         self.stopping = True
+        if self._held_here():
+            self._send_stop()
+            return
         if self.lock.acquire(blocking=False):
             try:
                 self._send_stop()
@@ -428,8 +452,13 @@ class Worker:
         ``wait`` seconds; its process is dead by then, so a lane's read ends at once). A lane
         that still holds it keeps the pipe open: one descriptor left rather than a number
         closed under a thread that may still use it. A process a lane started after
-        ``joined`` was ended (a replacement that raced close()) is killed and joined first."""
+        ``joined`` was ended (a replacement that raced close()) is killed and joined first.
+        Called within this thread's own exchange, it closes the pipe at once: that exchange
+        then ends on the closed pipe."""
         if self.conn.closed:
+            return
+        if self._held_here():
+            self._close_held(joined)
             return
         if not self.lock.acquire(timeout=wait):
             _log.warning(
@@ -437,24 +466,28 @@ class Worker:
             )
             return
         try:
-            if joined is not None and self.process is not joined:
-                with contextlib.suppress(OSError, ValueError):
-                    self.process.kill()
-                    self.process.join(timeout=5.0)
-            sender = self._sender
-            if sender is not None:
-                # Its process is dead: the send it is in fails at once.
-                sender.join(timeout=5.0)
-                if sender.is_alive():
-                    _log.warning("dataset worker process %d: its start's sender still runs; "
-                                 "pipe left open", self.number)
-                    return
-                self._sender = None
-            self.conn.close()
-            _OPEN_PIPES.discard(self.conn)
-            self._index.close()
+            self._close_held(joined)
         finally:
             self.lock.release()
+
+    def _close_held(self, joined: Any) -> None:
+        """:meth:`_close_conn`'s work, ``lock`` held (by this thread's exchange or for it)."""
+        if joined is not None and self.process is not joined:
+            with contextlib.suppress(OSError, ValueError):
+                self.process.kill()
+                self.process.join(timeout=5.0)
+        sender = self._sender
+        if sender is not None:
+            # Its process is dead: the send it is in fails at once.
+            sender.join(timeout=5.0)
+            if sender.is_alive():
+                _log.warning("dataset worker process %d: its start's sender still runs; "
+                             "pipe left open", self.number)
+                return
+            self._sender = None
+        self.conn.close()
+        _OPEN_PIPES.discard(self.conn)
+        self._index.close()
 
     def kill(self) -> None:
         """Kills the worker if it still runs, without waiting (a replacement is the one

@@ -74,7 +74,7 @@ class ProcessBuilder:
     def probe(self, timeout: float) -> Layout:
         """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
         first = self._workers[0]
-        with first.lock:
+        with first.exchange():
             try:
                 reply = first.call(("probe",), "reading dataset[0]", timeout)
             except WorkerDied as died:
