@@ -58,6 +58,9 @@ impl DashboardAccess {
 
 /// The check every request passes, built once at start.
 pub(crate) struct Gate {
+    /// Bound to a loopback address: a request naming another host is refused (DNS
+    /// rebinding), credential or not.
+    loopback: bool,
     open: bool,
     /// The cookie's name: [`COOKIE`] and the port.
     cookie: String,
@@ -111,6 +114,7 @@ impl Gate {
         Ok(Gate {
             // Given a credential, a loopback dashboard asks for it too: it may be reached
             // through a proxy on this machine.
+            loopback: address.ip().is_loopback(),
             open: address.ip().is_loopback() && access.credentials.is_empty(),
             cookie: format!("{COOKIE}{}", address.port()),
             metrics_open: access.metrics_without_token,
@@ -178,7 +182,7 @@ impl Gate {
 /// The middleware: passes a request the gate lets through, turns a good `?token=` into the
 /// cookie and a redirect, refuses the rest.
 pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
-    if gate.open {
+    if gate.loopback {
         if let Some(host) = foreign_host(&request) {
             tracing::warn!(%host, "loopback dashboard refused a request for another host");
             return (
@@ -193,6 +197,8 @@ pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next:
             )
                 .into_response();
         }
+    }
+    if gate.open {
         return next.run(request).await;
     }
     if (gate.metrics_open && request.uri().path() == "/metrics")

@@ -11,12 +11,13 @@
 //! holds. The sampler reads each job's [`LoaderMonitor`] every 500 ms and keeps the last ten
 //! minutes of readings (see `series`).
 //!
-//! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON; `?since=<unix ms>` for
-//! only newer points, `?at=<unix ms>` for the figures as they were at that reading), and
-//! `/metrics`. Who may read them is the `access` module's business: anyone on a loopback
-//! address given no credential, only holders of a dashboard credential elsewhere or on loopback
-//! given one ([`Dashboard::start_with`]); a dashboard off loopback without one does not start. With a daemon's certificate it serves
-//! HTTPS.
+//! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON, each job's newest
+//! points, 120,000 at most over all jobs; `?since=<unix ms>` for only newer points,
+//! `?at=<unix ms>` for the figures as they were at that reading), and `/metrics`. Who may read
+//! them is the `access` module's business: anyone on a loopback address given no credential,
+//! only holders of a dashboard credential elsewhere or on loopback given one
+//! ([`Dashboard::start_with`]); a dashboard off loopback without one does not start. With a
+//! daemon's certificate it serves HTTPS.
 
 mod access;
 mod connections;

@@ -51,6 +51,12 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
+/// Most points one `/api/jobs` answer holds over all its jobs (about 40 MB of JSON): the
+/// answer is built under the registry's lock, which the coordinator also takes under its own,
+/// so a page opened on a fleet of hundreds of ranks gets each job's newest points only, an
+/// equal share of these (a hundred jobs still get their whole history).
+const MAX_ANSWER_POINTS: usize = 120_000;
+
 /// Parameters of `/api/jobs`.
 #[derive(Debug, Default, Deserialize)]
 struct JobsQuery {
@@ -129,16 +135,24 @@ async fn jobs(State(registry): State<Shared>, Query(query): Query<JobsQuery>) ->
                     .iter()
                     .flatten()
                     .find(|share| share.name == job.name);
-                job_view(job, &query, registry.workers.as_deref(), share)
+                let most = points_per_job(registry.jobs.len());
+                job_view(job, &query, most, registry.workers.as_deref(), share)
             })
             .collect(),
     };
     ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
 }
 
+/// The points each of `jobs` jobs may send in one answer.
+fn points_per_job(jobs: usize) -> usize {
+    (MAX_ANSWER_POINTS / jobs.max(1)).max(1)
+}
+
+/// One job's part of the answer: its newest `most` points of those `query` asks for.
 fn job_view<'a>(
     job: &'a JobSeries,
     query: &JobsQuery,
+    most: usize,
     workers: Option<&[super::WorkerLoad]>,
     share: Option<&'a super::JobShare>,
 ) -> JobView<'a> {
@@ -146,7 +160,7 @@ fn job_view<'a>(
     let current = position.and_then(|p| job.points.get(p));
     let window = position.map(|p| job.window_ending(p));
     let since = query.since.unwrap_or(0);
-    let series = match position {
+    let mut series: Vec<&Point> = match position {
         Some(end) => job
             .points
             .range(..=end)
@@ -154,6 +168,7 @@ fn job_view<'a>(
             .collect(),
         None => Vec::new(),
     };
+    series.drain(..series.len().saturating_sub(most));
     let snapshot = job.latest.as_ref();
     let threads = snapshot.map_or(0, |s| s.threads);
     JobView {
@@ -212,4 +227,41 @@ fn poisoned() -> Response {
         "dashboard state unavailable (a sampler thread panicked)",
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::series::Registry;
+    use crate::{LoaderMonitor, LoaderStats, MonitorSnapshot};
+    use std::sync::{Arc, Mutex};
+
+    /// An answer's points are bounded over all its jobs: each job's newest share of them.
+    /// Before, a page opened on hundreds of ranks serialized every rank's whole history
+    /// (about 100 MB for 256) under the lock the coordinator takes under its own.
+    #[test]
+    fn an_answer_holds_each_jobs_newest_share_of_the_points() {
+        assert_eq!(points_per_job(0), MAX_ANSWER_POINTS);
+        assert_eq!(points_per_job(100), 1_200);
+        assert_eq!(points_per_job(256), 468);
+        assert_eq!(points_per_job(usize::MAX), 1);
+        let latest = Arc::new(Mutex::new(MonitorSnapshot::default()));
+        let mut registry = Registry::default();
+        registry.register("job", 0, LoaderMonitor::reported(Arc::clone(&latest)));
+        for tick in 1..=12u32 {
+            latest.lock().unwrap().stats = LoaderStats {
+                elapsed_s: f64::from(tick),
+                samples: u64::from(tick) * 10,
+                ..LoaderStats::default()
+            };
+            registry.sample_all();
+        }
+        let job = &registry.jobs[0];
+        let all: Vec<u64> = job.points.iter().map(|p| p.samples_total).collect();
+        let view = job_view(job, &JobsQuery::default(), 5, None, None);
+        let sent: Vec<u64> = view.series.iter().map(|p| p.samples_total).collect();
+        assert_eq!(sent, all[all.len() - 5..]);
+        let whole = job_view(job, &JobsQuery::default(), 1_000, None, None);
+        assert_eq!(whole.series.len(), all.len());
+    }
 }

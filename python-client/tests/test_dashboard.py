@@ -209,10 +209,13 @@ def test_a_loopback_dashboard_given_a_credential_asks_for_it(
         assert _answer(url.rstrip("/") + "/api/jobs")[0] == 401
         bearer = {"Authorization": f"Bearer {credential}"}
         assert _answer(url.rstrip("/") + "/api/jobs", bearer)[0] == 200
+        # A request naming another host (a DNS-rebinding page) is refused, credential or not.
+        rebound = {**bearer, "Host": "evil.example"}
+        assert _answer(url.rstrip("/") + "/api/jobs", rebound)[0] == 403
 
 
 def test_a_dashboard_credential_equal_to_the_distributed_token_is_refused(
-    dataset: Path, tmp_path: Path
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The RPC token opens jobs and their data; the dashboard's page, served in plain HTTP,
     must not take it as its credential. Refused before any coordinator is reached."""
@@ -225,3 +228,10 @@ def test_a_dashboard_credential_equal_to_the_distributed_token_is_refused(
                       dashboard=0, dashboard_token_file=token_file, batch_size=8,
                       pipeline=stoker.vision.imagenet_train(32), worker_grace=30)
     assert time.monotonic() - started < 10
+    # The token the client sends from STOKER_TOKEN, token= not given: the same.
+    monkeypatch.setenv("STOKER_TOKEN", "one-secret-for-both")
+    with pytest.raises(ValueError, match="holds the distributed mode's token"):
+        stoker.Loader(str(dataset), address="127.0.0.1:9", dashboard=0,
+                      dashboard_token_file=token_file, batch_size=8,
+                      pipeline=stoker.vision.imagenet_train(32), worker_grace=30)
+    assert time.monotonic() - started < 20

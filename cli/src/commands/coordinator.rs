@@ -22,9 +22,10 @@ pub struct CoordinatorArgs {
     #[arg(long)]
     pub state: PathBuf,
     /// Serve the stall dashboard (page, `/api/jobs`, `/metrics`) on this address: every
-    /// client's stall, throughput and queue, and every worker's load. On a loopback address it
-    /// is open; elsewhere it needs a --dashboard-token-file (open `/?token=CREDENTIAL` once:
-    /// the browser keeps a cookie for 12 hours). With --tls-cert it serves HTTPS.
+    /// client's stall, throughput and queue, and every worker's load. On a loopback address
+    /// without --dashboard-token-file it is open; elsewhere it needs one, and given one it asks
+    /// for it on loopback too (open `/?token=CREDENTIAL` once: the browser keeps a cookie for
+    /// 12 hours). With --tls-cert it serves HTTPS.
     #[arg(long)]
     pub http: Option<SocketAddr>,
     /// A file holding the dashboard's read-only credential (repeatable, for rotation). It opens

@@ -38,8 +38,9 @@ pub struct DemoArgs {
     /// --dashboard-token-file.
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<SocketAddr>,
-    /// A file holding the dashboard's credential, which a dashboard off loopback asks for
-    /// (open `/?token=CREDENTIAL` once, or send `Authorization: Bearer CREDENTIAL`).
+    /// A file holding the dashboard's credential, which the dashboard then asks for, on
+    /// loopback too (open `/?token=CREDENTIAL` once, or send `Authorization: Bearer
+    /// CREDENTIAL`).
     #[arg(long, value_name = "FILE", requires = "dashboard")]
     pub dashboard_token_file: Option<PathBuf>,
     /// Keep the dashboard serving this many seconds after the run ends.

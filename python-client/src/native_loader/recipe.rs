@@ -205,12 +205,14 @@ impl NativeLoader {
         crate::logs::install();
         // Read before the loader is built: a refused credential does not wait for a
         // coordinator first.
-        let rpc_token = recipe
-            .remote
-            .as_ref()
-            .and_then(|(_, remote)| remote.token.as_ref());
+        // The token the client will send: `token=`, else `STOKER_TOKEN`.
+        let rpc_token = match &recipe.remote {
+            Some((_, remote)) => Token::or_from_env(remote.token.clone())
+                .map_err(|e| PyValueError::new_err(format!("token: {e}")))?,
+            None => None,
+        };
         let credentials =
-            dashboard_credentials(settings.dashboard_token_file.as_deref(), rpc_token)?;
+            dashboard_credentials(settings.dashboard_token_file.as_deref(), rpc_token.as_ref())?;
         let loader = py
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
