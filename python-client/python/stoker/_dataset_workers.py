@@ -148,22 +148,27 @@ class Worker:
         self.process, self.conn = process, parent
         _OPEN_PIPES.add(parent)
         self.arena: int | None = None
+        sender = threading.Thread(
+            target=self._hand_over, args=(parent, pickled, process.pid, self.layout),
+            name=f"stoker-worker-{self.number}-start", daemon=True,
+        )
         try:
             self._index.set(-1)
-            self._sender = threading.Thread(
-                target=self._hand_over, args=(parent, pickled, process.pid, self.layout),
-                name=f"stoker-worker-{self.number}-start", daemon=True,
-            )
-            self._sender.start()
+            sender.start()
         except BaseException:
-            # Interrupted mid-start (a Ctrl-C during a long send): the child, which ignores
-            # SIGINT, would wait on its pipe until this interpreter exits; it goes now.
+            # Interrupted mid-start (a Ctrl-C): the child, which ignores SIGINT, would wait on
+            # its pipe until this interpreter exits; it goes now, and once a sender that
+            # started has ended on it (its process gone), so does the pipe.
             with contextlib.suppress(OSError, ValueError):
                 process.kill()
                 process.join(timeout=5.0)
-            parent.close()
-            _OPEN_PIPES.discard(parent)
+            if sender.ident is not None:
+                sender.join(timeout=5.0)
+            if not sender.is_alive():
+                parent.close()
+                _OPEN_PIPES.discard(parent)
             raise
+        self._sender = sender
 
     def _hand_over(
         self, conn: Any, pickled: bytes | None, pid: int, layout: Layout | None
@@ -189,15 +194,16 @@ class Worker:
                 if sender.is_alive():
                     raise LoaderTimeoutError(self._not_started(timeout))
                 self._sender = None
-            answered = self._answered(max(0.0, deadline - time.monotonic()))
+            try:
+                answered = self._answered(max(0.0, deadline - time.monotonic()))
+                reply = self.conn.recv() if answered else None
+            except (EOFError, OSError):
+                self._died("starting")  # or its pipe closed under it, by close()
             if answered is None:
                 self._died("starting")
             if not answered:
                 raise LoaderTimeoutError(self._not_started(timeout))
-            try:
-                reply = self._checked(self.conn.recv())
-            except (EOFError, OSError):
-                self._died("starting")
+            reply = self._checked(reply)
             if reply[0] != "ready":
                 raise StokerError(
                     f"dataset worker process {self.number} answered {reply[0]!r} as it started"
