@@ -252,7 +252,8 @@ def timed_run(build: Callable[[], Any], limit: int) -> TimedRun:
     images = batches = 0
     started = time.perf_counter()
     loader = build()
-    last = limit or _length(loader)
+    length = _length(loader)
+    last = min(limit, length) if limit and length else limit or length
     first_batch_s = math.nan
     iterator = iter(loader)
     for batch in iterator:

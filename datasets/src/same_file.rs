@@ -4,7 +4,8 @@
 //! it, as rsync, `save_to_disk` and most writers do) or the file cut or grown is refused with
 //! [`Error::FileReplaced`]: the offsets read at open would point into other bytes, other
 //! samples read under the labels read then, so the job stops naming the file, and no sample is
-//! replaced as bad. A file rewritten in place at the same length is not told.
+//! replaced as bad (a JSONL file may grow: lines appended leave the others where they were). A
+//! file rewritten in place at the same length is not told.
 
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
@@ -45,6 +46,16 @@ impl SameFile {
     /// length; else [`Error::FileReplaced`].
     pub(crate) fn check(&self, file: &File, path: &Path) -> Result<()> {
         self.matches(SameFile::of_file(file, path)?, path)
+    }
+
+    /// Like [`SameFile::check`], but a file grown since (only appended to: every offset read
+    /// at open still holds the bytes it held) is the same.
+    pub(crate) fn check_appended(&self, file: &File, path: &Path) -> Result<()> {
+        let now = SameFile::of_file(file, path)?;
+        if (now.device, now.inode) == (self.device, self.inode) && now.len >= self.len {
+            return Ok(());
+        }
+        self.matches(now, path)
     }
 
     /// `Ok` when `now` (the identity of the file at `path` now) is this one; else
@@ -103,6 +114,23 @@ mod tests {
             .unwrap_err();
         assert!(
             matches!(error, Error::FileReplaced { now_len: 11, .. }),
+            "{error}"
+        );
+        // Only appended to: the same file where appending keeps the offsets read at open.
+        opened
+            .check_appended(&File::open(&path).unwrap(), &path)
+            .unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(5)
+            .unwrap();
+        let error = opened
+            .check_appended(&File::open(&path).unwrap(), &path)
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::FileReplaced { now_len: 5, .. }),
             "{error}"
         );
     }

@@ -33,7 +33,8 @@ pub(super) struct JsonlFile {
     pub(super) read_from: PathBuf,
     /// The file's length when it was indexed.
     pub(super) bytes: u64,
-    /// The file read as it was indexed: each read refuses another one in its place.
+    /// The file read as it was indexed: each read refuses another one in its place, or the
+    /// file cut (lines appended are left unread).
     same: SameFile,
     pub(super) lines: Vec<LineRef>,
     /// The decompressed copy in the cache tier, locked while the file is read.
@@ -163,8 +164,9 @@ impl JsonlFile {
         );
         let opened = opened.map_err(|source| Error::io(&self.path, source))?;
         // The pool opens it again by its path once it let it go: a file renamed over it
-        // would give other documents' bytes at the offsets indexed.
-        self.same.check(&opened.file, &self.path)?;
+        // would give other documents' bytes at the offsets indexed. Lines appended since
+        // leave those as they were.
+        self.same.check_appended(&opened.file, &self.path)?;
         if u64::from(line.len) > crate::MAX_SAMPLE_BYTES {
             return Err(Error::SampleTooLarge {
                 what: format!("{}:{}", self.path.display(), line.line),
