@@ -8,8 +8,9 @@
 //!
 //! - a browser presents it once in the URL (`/?token=CREDENTIAL`); the answer is a redirect to
 //!   the same URL without it, setting a session cookie named by the port
-//!   (`stoker_dashboard_8321`, so that dashboards on one host keep theirs apart): `HttpOnly`, `SameSite=Strict`, expiring
-//!   after [`COOKIE_LIFETIME`], `Secure` when the dashboard serves HTTPS. The cookie holds its
+//!   (`stoker_dashboard_8321`, so that dashboards on one host keep theirs apart): `HttpOnly`,
+//!   `SameSite=Strict`, expiring after [`COOKIE_LIFETIME`], `Secure` when the dashboard serves
+//!   HTTPS. The cookie holds its
 //!   expiry signed with a key drawn at start (HMAC-SHA256), so it holds nothing of the
 //!   credential, cannot be extended, and every cookie ends with the process;
 //! - a script or a Prometheus scraper sends `Authorization: Bearer CREDENTIAL`;

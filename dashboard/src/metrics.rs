@@ -208,7 +208,9 @@ const FAMILIES: &[Family] = &[
         name: "stoker_batch_latency_seconds",
         kind: "gauge",
         help: "Smoothed time from requesting a batch to its arrival (automatic prefetch only; absent for a remote client whose reports stopped).",
-        samples: |job| one_unless_silent(job, controller(job).map(|c| c.latency_mean.as_secs_f64())),
+        samples: |job| {
+            one_unless_silent(job, controller(job).map(|c| c.latency_mean.as_secs_f64()))
+        },
     },
     Family {
         name: "stoker_trainer_step_seconds",
