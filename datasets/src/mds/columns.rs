@@ -257,17 +257,6 @@ pub(super) struct Column {
     pub(super) shape: Option<Vec<u64>>,
 }
 
-impl Column {
-    /// The coder its encoding names, as Streaming reads it: the part before a `:` (`jpeg` of
-    /// `jpeg:95`, `ndarray` of `ndarray:uint8`).
-    pub(super) fn coder(&self) -> &str {
-        self.encoding_name
-            .split(':')
-            .next()
-            .unwrap_or(&self.encoding_name)
-    }
-}
-
 /// The columns a shard's entry in `index.json` (at `path`) declares.
 pub(super) fn shard_columns(entry: &Value, path: &Path) -> Result<Vec<Column>> {
     let list = |key: &str| {
@@ -358,7 +347,7 @@ pub(super) fn pick_sample_column(
         return Ok(k);
     }
     let image = |c: &Column| {
-        matches!(c.coder(), "jpeg" | "png" | "pil" | "bytes")
+        matches!(c.encoding, Encoding::Bytes | Encoding::Pil)
             || matches!(c.encoding, Encoding::NdArray { .. })
     };
     if let Some(k) = IMAGE_COLUMN_NAMES
@@ -370,7 +359,11 @@ pub(super) fn pick_sample_column(
     // Else the one column encoded as an image; of several (MDSWriter keeps them in name
     // order, so the first is no choice of the writer's), none is guessed.
     let encoded: Vec<usize> = (0..columns.len())
-        .filter(|&k| matches!(columns[k].coder(), "jpeg" | "png" | "pil"))
+        .filter(|&k| {
+            let c = &columns[k];
+            matches!(c.encoding, Encoding::Pil)
+                || (matches!(c.encoding, Encoding::Bytes) && c.encoding_name != "bytes")
+        })
         .collect();
     if encoded.len() > 1 {
         let listed: Vec<String> = encoded

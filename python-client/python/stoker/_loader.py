@@ -174,13 +174,12 @@ class Loader(FromDataset, SavedState, Stats):
             (see *Memory is bounded* above); default 4.
         dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
             this port of 127.0.0.1 (0: any free port) or ``"host:port"``; the URL is
-            :attr:`dashboard_url`. Served until :meth:`close`. On a loopback address without
-            ``dashboard_token_file`` it is open to anyone on the machine; an address off
-            loopback raises ``ValueError`` without one.
-        dashboard_token_file: with ``dashboard``, a file holding the credential the dashboard
-            then asks for, on loopback too (open ``/?token=CREDENTIAL`` once: the browser keeps
-            a cookie for 12 hours; or send ``Authorization: Bearer CREDENTIAL``); one equal to
-            the distributed mode's ``token`` raises ``ValueError``.
+            :attr:`dashboard_url`, served until :meth:`close`; without ``dashboard_token_file``
+            open to anyone on the machine on loopback, refused (``ValueError``) off it.
+        dashboard_token_file: with ``dashboard``, a file holding the credential it then asks
+            for, on loopback too (open ``/?token=CREDENTIAL`` once: the browser keeps a cookie
+            12 hours; or send ``Authorization: Bearer CREDENTIAL``); equal to the ``token``
+            (or ``STOKER_TOKEN``) of the distributed mode, ``ValueError``.
         format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
             ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder),
             ``"mds"`` (Mosaic Streaming's shards).
