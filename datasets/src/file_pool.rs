@@ -1,7 +1,7 @@
-//! Open files as a bounded pool: data files that are read by position (local tar shards and
-//! JSONL files) are opened on demand and kept in one process-wide least-recently-used pool, so
-//! the number of descriptors a process holds does not grow with the number of files in its
-//! datasets.
+//! Open files as a bounded pool: data files that are read by position (local tar shards, JSONL
+//! files, MDS shards and the Arrow shards of `save_to_disk` folders) are opened on demand and
+//! kept in one process-wide least-recently-used pool, so the number of descriptors a process
+//! holds does not grow with the number of files in its datasets.
 //!
 //! The pool's budget comes from the soft `RLIMIT_NOFILE` at first use: a quarter of it (between
 //! [`MIN_BUDGET`] and [`MAX_BUDGET`]), leaving the rest to sockets, pipes, the runtime and
@@ -176,6 +176,14 @@ impl FilePool {
     }
 
     /// Closes the least recently used half of the pool; returns how many entries it closed.
+    /// [`FilePool::forget`] of one key, without a look at the other entries.
+    pub(crate) fn forget_one(&self, key: FileKey) {
+        let mut entries = self.lock();
+        if let Some(file) = entries.files.pop(&key) {
+            entries.descriptors -= file.descriptors();
+        }
+    }
+
     fn shed_half(&self) -> usize {
         let mut entries = self.lock();
         let count = entries.files.len().div_ceil(2);

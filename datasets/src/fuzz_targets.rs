@@ -31,7 +31,7 @@ use crate::{
 pub fn let_contained_panics_unwind() {
     let abort = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if !crate::error::panic_is_contained() {
+        if !crate::decoder_panics::panic_is_contained() {
             abort(info);
         }
     }));

@@ -5,7 +5,8 @@
 //! [`Error::FileReplaced`]: the offsets read at open would point into other bytes, other
 //! samples read under the labels read then, so the job stops naming the file, and no sample is
 //! replaced as bad (a JSONL file may grow: lines appended leave the others where they were). A
-//! file rewritten in place at the same length is not told.
+//! file removed, found missing when it is opened again, is [`Error::FileRemoved`]. A file
+//! rewritten in place at the same length is not told.
 
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
@@ -56,6 +57,18 @@ impl SameFile {
             return Ok(());
         }
         self.matches(now, path)
+    }
+
+    /// The error of opening the file again (by its path, once a pool of open files let it
+    /// go) that failed with `source`: a file no longer there is [`Error::FileRemoved`], the
+    /// dataset changed, not a sample that cannot be read.
+    pub(crate) fn reopen_error(&self, path: &Path, source: std::io::Error) -> Error {
+        match source.kind() {
+            std::io::ErrorKind::NotFound => Error::FileRemoved {
+                path: path.to_path_buf(),
+            },
+            _ => Error::io(path, source),
+        }
     }
 
     /// `Ok` when `now` (the identity of the file at `path` now) is this one; else

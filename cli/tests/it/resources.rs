@@ -1,14 +1,19 @@
 //! Resource safety end to end (issue 16): a token file truncated under a running loader is an
-//! error naming it, not SIGBUS; thousands of tar shards run under a small descriptor limit
-//! (the shard files live in a bounded pool); and running out of descriptors never turns good
-//! samples into replaced "bad samples". The limits are set in a child `stoker` process (`sh -c
-//! 'ulimit -n N && exec ...'`), never in the test process.
+//! error naming it, not SIGBUS; thousands of tar shards, and a `save_to_disk` folder of a
+//! thousand Arrow shards, run under a small descriptor limit (the shard files live in a bounded
+//! pool); and running out of descriptors never turns good samples into replaced "bad
+//! samples". The limits are set in a child `stoker` process (`sh -c 'ulimit -n N && exec
+//! ...'`), never in the test process.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::Arc;
 
+use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, StructArray};
+use arrow_ipc::writer::StreamWriter;
+use arrow_schema::{DataType, Field};
 use stoker_datasets::{write_tar_shards, SampleSource, TarShardsWriterOptions};
 use stoker_loader::{Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
@@ -73,6 +78,62 @@ fn write_shards(dir: &Path, count: u64, shard_bytes: u64) -> usize {
     .unwrap();
     assert_eq!(written.samples, count);
     written.shards.len()
+}
+
+/// Sample `index` of the tiny set as a one-row record batch of a `save_to_disk` table: an
+/// `Image` cell (bytes and path) and a `ClassLabel`.
+fn hf_row(index: u64) -> RecordBatch {
+    let image = StructArray::from(vec![
+        (
+            Arc::new(Field::new("bytes", DataType::Binary, true)),
+            Arc::new(BinaryArray::from_vec(vec![tiny_png(index).as_slice()])) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("path", DataType::Utf8, true)),
+            Arc::new(StringArray::from(vec![None::<String>])) as ArrayRef,
+        ),
+    ]);
+    let label = Int64Array::from(vec![(index % 10) as i64]);
+    RecordBatch::try_from_iter(vec![
+        ("image", Arc::new(image) as ArrayRef),
+        ("label", Arc::new(label) as ArrayRef),
+    ])
+    .unwrap()
+}
+
+/// Writes `count` tiny samples as a `save_to_disk` folder `dir` of `shards` Arrow stream files
+/// (samples dealt out in order), each sample a record batch of its own.
+fn write_hf_folder(dir: &Path, count: u64, shards: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let per_shard = count.div_ceil(shards);
+    let mut data_files = Vec::new();
+    for shard in 0..shards {
+        let name = format!("data-{shard:05}-of-{shards:05}.arrow");
+        let file = std::fs::File::create(dir.join(&name)).unwrap();
+        let mut writer = StreamWriter::try_new(file, &hf_row(0).schema()).unwrap();
+        for index in shard * per_shard..((shard + 1) * per_shard).min(count) {
+            writer.write(&hf_row(index)).unwrap();
+        }
+        writer.finish().unwrap();
+        data_files.push(serde_json::json!({ "filename": name }));
+    }
+    let names: Vec<String> = (0..10).map(|class| format!("class_{class}")).collect();
+    let features = serde_json::json!({
+        "image": {"_type": "Image"},
+        "label": {"names": names, "_type": "ClassLabel"},
+    });
+    let info = serde_json::json!({"citation": "", "description": "", "features": features});
+    std::fs::write(dir.join("dataset_info.json"), info.to_string()).unwrap();
+    let state = serde_json::json!({
+        "_data_files": data_files,
+        "_fingerprint": "0123456789abcdef",
+        "_format_columns": null,
+        "_format_kwargs": {},
+        "_format_type": null,
+        "_output_all_columns": false,
+        "_split": null,
+    });
+    std::fs::write(dir.join("state.json"), state.to_string()).unwrap();
 }
 
 /// `stoker digest` over a whole epoch of `dir` (batches of 100), under `ulimit -n` when given.
@@ -150,6 +211,32 @@ fn five_thousand_shards_read_a_whole_epoch_under_ulimit_256() {
     assert_eq!(
         digest, reference,
         "5,000 one-sample shards and the same samples in {few_shards} shards differ"
+    );
+}
+
+/// Each Arrow shard of a `save_to_disk` folder was held open from open to drop: a folder of
+/// more shards than the descriptor limit failed to open ("Too many open files").
+#[test]
+fn a_save_to_disk_folder_of_a_thousand_shards_reads_under_ulimit_256() {
+    let dir = tempfile::tempdir().unwrap();
+    let many = dir.path().join("many");
+    let one = dir.path().join("one");
+    write_hf_folder(&many, 1000, 1000);
+    write_hf_folder(&one, 1000, 1);
+
+    let (summary, digest) = summary_and_digest(&digest_run(&many, Some(256)));
+    assert!(
+        summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
+        "{summary}"
+    );
+    let (reference_summary, reference) = summary_and_digest(&digest_run(&one, None));
+    assert!(
+        reference_summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
+        "{reference_summary}"
+    );
+    assert_eq!(
+        digest, reference,
+        "1,000 one-sample shards and the same samples in one shard differ"
     );
 }
 

@@ -42,6 +42,7 @@ impl Error {
             }
             Error::FileChanged { .. }
             | Error::FileReplaced { .. }
+            | Error::FileRemoved { .. }
             | Error::ObjectChanged { .. }
             | Error::CacheLockTimeout { .. }
             | Error::ObjectStore { .. }
@@ -63,6 +64,7 @@ impl Error {
             self,
             Error::FileChanged { .. }
                 | Error::FileReplaced { .. }
+                | Error::FileRemoved { .. }
                 | Error::ObjectChanged { .. }
                 | Error::IncompleteObject { .. }
                 | Error::ObjectStore {

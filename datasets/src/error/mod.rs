@@ -301,7 +301,7 @@ pub enum Error {
 
     /// A file read by position ends before a range its index promises: it was truncated or
     /// replaced after the dataset was opened. The dataset no longer is the one the job planned
-    /// over, so this is never one bad sample.
+    /// over, so this, like the two below, is never one bad sample.
     #[error(
         "{path} changed under the running job: it was opened with {opened_len} bytes but now \
          ends before byte {end} (truncated or replaced after the dataset was opened)"
@@ -315,10 +315,8 @@ pub enum Error {
         end: u64,
     },
 
-    /// A file read by position is not the file the dataset was opened with (another file,
-    /// another size, or other contents where its index points): replaced or rewritten under
-    /// the running job, so the index's offsets may point into other bytes. Never one bad
-    /// sample.
+    /// A file read by position is not the one the dataset was opened with (another file, or
+    /// another size): replaced under the job, its index's offsets may point into other bytes.
     #[error(
         "{path} was replaced or rewritten under the running job: it is not the file the \
          dataset was opened with ({opened_len} bytes then, {now_len} now)"
@@ -330,6 +328,13 @@ pub enum Error {
         opened_len: u64,
         /// Its length now.
         now_len: u64,
+    },
+
+    /// A file read by position was removed under the running job (found gone when reopened).
+    #[error("{path} was removed under the running job (the dataset was opened with it)")]
+    FileRemoved {
+        /// The file.
+        path: PathBuf,
     },
 
     /// A JSONL dataset path names a folder without any JSONL file.
@@ -592,10 +597,6 @@ pub use labels::LabelError;
 pub use tar_sets::TarSetError;
 pub use tokens::TokenError;
 pub use writing::WriteError;
-
-#[cfg(feature = "fuzzing")]
-pub(crate) use crate::decoder_panics::panic_is_contained;
-pub(crate) use crate::decoder_panics::without_panics;
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,14 @@
 //! columns' buffers, into a zeroed body of the batch's layout, and lets arrow-ipc decode them
 //! with a projection: the other columns' buffers are skipped by the decoder and never read,
 //! so the label column of an image dataset is read at open without touching its images.
+//!
+//! The file is read through the process's bounded pool of open files (`file_pool.rs`): the
+//! descriptor the walk opened goes into the pool, so a folder of more shards than the pool's
+//! budget opens and reads under a small descriptor limit. A shard the pool let go is opened
+//! again by its path and must be the file walked at open (`same_file.rs`). A shard fetched
+//! from a store keeps its copy locked in the cache, one descriptor per shard, while it is open.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
@@ -25,7 +32,9 @@ use arrow_buffer::{Buffer, MutableBuffer};
 use arrow_ipc::{MessageHeader, MetadataVersion};
 use arrow_schema::{DataType, SchemaRef, UnionMode};
 
-use crate::error::{without_panics, Error, Result};
+use crate::decoder_panics::without_panics;
+use crate::error::{Error, Result};
+use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::same_file::SameFile;
 use crate::storage::CachedObject;
 
@@ -47,10 +56,14 @@ pub(super) struct BatchBlock {
 /// An opened stream file: its schema and record batches.
 pub(super) struct StreamFile {
     pub(super) path: PathBuf,
+    /// The file read: `path`, or the copy of an object in the cache tier.
+    read_from: PathBuf,
     /// File size in bytes.
     pub(super) bytes: u64,
-    file: File,
-    /// The file as opened: each read refuses it cut, grown or rewritten to another length.
+    /// The pool of open files it is read through (the process's), and its key there.
+    pool: &'static FilePool,
+    pool_key: FileKey,
+    /// The file as opened: each read refuses it cut, grown, or another file in its place.
     same: SameFile,
     pub(super) schema: SchemaRef,
     pub(super) batches: Vec<BatchBlock>,
@@ -97,8 +110,19 @@ impl StreamFile {
     /// Opens `path`, or, when given, its copy `copy` in the cache tier (an object of a store,
     /// `path` its URI), as [`StreamFile::open`] does.
     pub(super) fn open_copy(path: PathBuf, copy: Option<CachedObject>) -> Result<StreamFile> {
-        let read_from = copy.as_ref().map_or(path.as_path(), |copy| copy.path());
-        let file = File::open(read_from).map_err(|source| Error::io(&path, source))?;
+        Self::open_in(path, copy, FilePool::global())
+    }
+
+    /// [`StreamFile::open_copy`], read through `pool`.
+    fn open_in(
+        path: PathBuf,
+        copy: Option<CachedObject>,
+        pool: &'static FilePool,
+    ) -> Result<StreamFile> {
+        let read_from = copy
+            .as_ref()
+            .map_or_else(|| path.clone(), |copy| copy.path().to_path_buf());
+        let file = File::open(&read_from).map_err(|source| Error::io(&path, source))?;
         let same = SameFile::of_file(&file, &path)?;
         let bytes = same.len();
         let truncated = |position: u64, needed: u64| {
@@ -223,15 +247,36 @@ impl StreamFile {
             position = body_end;
         }
         let schema = schema.ok_or_else(|| stream_error(&path, "the stream has no schema"))?;
-        Ok(StreamFile {
+        let opened = StreamFile {
             path,
+            read_from,
             bytes,
-            file,
+            pool,
+            pool_key: pool.reserve_keys(1).start,
             same,
             schema,
             batches,
             _copy: copy,
-        })
+        };
+        // The descriptor walked goes into the pool: its first read needs no second open.
+        let walked = RefCell::new(Some(file));
+        opened.pooled(|| walked.borrow_mut().take())?;
+        Ok(opened)
+    }
+
+    /// The open file from the pool, opened again by its path when the pool let it go (or
+    /// taken from `spare` when that has one).
+    fn pooled(&self, spare: impl Fn() -> Option<File>) -> Result<Arc<PooledFile>> {
+        self.pool
+            .get_or_open(
+                self.pool_key,
+                || match spare() {
+                    Some(file) => Ok(PooledFile::plain(file)),
+                    None => File::open(&self.read_from).map(PooledFile::plain),
+                },
+                is_out_of_descriptors,
+            )
+            .map_err(|source| self.same.reopen_error(&self.path, source))
     }
 
     /// Reads and decodes root columns `columns` (schema indices) of batch `batch`, in the
@@ -306,7 +351,8 @@ impl StreamFile {
             .map_err(|_| corrupt(format!("a body of {body_len} bytes does not fit memory")))?;
         // Changed since it was opened (`save_to_disk` again into the same folder, a copy
         // still being written): the job stops naming the file, no row is a bad sample.
-        self.same.check(&self.file, &self.path)?;
+        let pooled = self.pooled(|| None)?;
+        self.same.check(&pooled.file, &self.path)?;
         // Zeroed pages cost nothing until written: only the wanted spans are read into it.
         let mut body = MutableBuffer::from_len_zeroed(body_len);
         for span in &spans {
@@ -316,7 +362,7 @@ impl StreamFile {
             };
             let at = block.body_offset + span.start;
             let into = &mut body.as_slice_mut()[start..end];
-            self.file.read_exact_at(into, at).map_err(|source| {
+            pooled.file.read_exact_at(into, at).map_err(|source| {
                 if source.kind() == std::io::ErrorKind::UnexpectedEof {
                     Error::FileChanged {
                         path: self.path.clone(),
@@ -342,6 +388,12 @@ impl StreamFile {
         })
         .map_err(corrupt)?
         .map_err(|error| corrupt(error.to_string()))
+    }
+}
+
+impl Drop for StreamFile {
+    fn drop(&mut self) {
+        self.pool.forget_one(self.pool_key);
     }
 }
 
@@ -449,6 +501,68 @@ mod tests {
         ]));
         let mut huge = [i64::MAX, i64::MAX, i64::MAX].into_iter();
         assert!(buffer_count(&two_views, &mut huge, v5).is_err());
+    }
+
+    /// A stream of `rows` one-byte-string rows written to `path` in one record batch.
+    fn write_stream(path: &Path, rows: &[&[u8]]) {
+        use arrow_array::BinaryArray;
+        let schema = Arc::new(arrow_schema::Schema::new(vec![Field::new(
+            "text",
+            DataType::Binary,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(BinaryArray::from_vec(rows.to_vec()))],
+        )
+        .unwrap();
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish().unwrap();
+    }
+
+    /// The descriptor the walk opened is the one read while the pool keeps it (a file renamed
+    /// over the shard meanwhile is not read); once the pool let it go, the shard is opened
+    /// again by its path and another file there is refused, never read under the old index.
+    #[test]
+    fn a_shard_is_read_from_the_pool_and_checked_when_opened_again() {
+        use arrow_array::cast::AsArray;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data-00000-of-00001.arrow");
+        write_stream(&path, &[b"old 1", b"old 2"]);
+        // A pool of its own: the process's is shared with the other tests running.
+        let pool: &'static FilePool = Box::leak(Box::new(FilePool::with_budget(4)));
+        let shard = StreamFile::open_in(path.clone(), None, pool).unwrap();
+        assert_eq!(pool.opened(), 1);
+        let other = dir.path().join("other.arrow");
+        write_stream(&other, &[b"new 1", b"new 2"]);
+        std::fs::rename(&other, &path).unwrap();
+
+        let batch = shard.read_columns(0, &[0]).unwrap();
+        assert_eq!(batch.column(0).as_binary::<i32>().value(1), b"old 2");
+        assert_eq!(
+            pool.opened(),
+            1,
+            "the walk's descriptor was read, not a second one"
+        );
+
+        pool.forget_one(shard.pool_key);
+        let error = shard.read_columns(0, &[0]).expect_err("refused");
+        assert!(
+            matches!(error, Error::FileReplaced { .. }) && error.dataset_changed(),
+            "{error}"
+        );
+        // Removed: the dataset changed, not a sample that cannot be read.
+        pool.forget_one(shard.pool_key);
+        std::fs::remove_file(&path).unwrap();
+        let error = shard.read_columns(0, &[0]).expect_err("refused");
+        assert!(
+            matches!(error, Error::FileRemoved { .. }) && error.dataset_changed(),
+            "{error}"
+        );
+        drop(shard);
+        assert_eq!(pool.descriptors(), 0);
     }
 
     /// A record batch claiming more rows than its body can hold is refused: 2^62 rows written

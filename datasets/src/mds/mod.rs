@@ -298,7 +298,7 @@ impl MdsDataset {
                 || File::open(&shard.read_from).map(PooledFile::plain),
                 is_out_of_descriptors,
             )
-            .map_err(|error| Error::io(&shard.path, error))?;
+            .map_err(|error| shard.reopen_error(error))?;
         shard.check_unchanged(&pooled.file)?;
         let begin = u64::from(shard.offsets[local]);
         let end = u64::from(shard.offsets[local + 1]);

@@ -250,4 +250,10 @@ impl Shard {
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
         self.identity.check(file, &self.path)
     }
+
+    /// The error of opening the shard again that failed with `source` (a shard removed under
+    /// the job is [`crate::Error::FileRemoved`]).
+    pub(super) fn reopen_error(&self, source: std::io::Error) -> crate::Error {
+        self.identity.reopen_error(&self.path, source)
+    }
 }

@@ -20,7 +20,8 @@ use super::{
     IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
 };
 use crate::arrow_rows::columns::{self, Cell};
-use crate::error::{without_panics, Error, Result};
+use crate::decoder_panics::without_panics;
+use crate::error::{Error, Result};
 
 /// A file's footer read, its columns resolved.
 pub(super) struct OpenedFile {

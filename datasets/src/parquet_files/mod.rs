@@ -41,7 +41,8 @@ use rayon::prelude::*;
 use tracing::info;
 
 use crate::arrow_rows::{arrow_rows_source, columns, describe_in, ArrowRows, ChunkSpan};
-use crate::error::{without_panics, Error, Result};
+use crate::decoder_panics::without_panics;
+use crate::error::{Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::label_checks;
 use crate::naming::RemoteFiles;

@@ -214,7 +214,13 @@ impl TarShards {
             };
             File::open(&shard.path)
                 .map(PooledFile::plain)
-                .map_err(read_error)
+                .map_err(|source| match source.kind() {
+                    // Indexed at open, gone now: the dataset changed, not its samples bad.
+                    std::io::ErrorKind::NotFound => Error::FileRemoved {
+                        path: shard.path.clone(),
+                    },
+                    _ => read_error(source),
+                })
         };
         let out_of_descriptors = |error: &Error| match error {
             Error::ShardRead { source, .. } | Error::Io { source, .. } => {
@@ -510,6 +516,23 @@ mod tests {
         std::fs::remove_file(dir.path().join(CLASSES_FILE)).unwrap();
         let shards = TarShards::open_with_cache_dir(dir.path(), None).unwrap();
         assert_eq!(shards.len(), 2);
+    }
+
+    /// A shard removed under the job, found gone when the pool opens it again: its samples
+    /// were each read as bad (not found) and replaced; the dataset changed, and the job stops.
+    #[test]
+    fn a_shard_removed_under_the_job_is_a_changed_dataset_not_bad_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("a.tar"), "a", 2);
+        let shards = TarShards::open_with_cache_dir(dir.path(), None).unwrap();
+        assert_eq!(shards.read(0).unwrap(), b"image 0");
+        std::fs::remove_file(dir.path().join("a.tar")).unwrap();
+        // The pool lets it go (a set of more shards than its budget).
+        FilePool::global().forget(shards.pool_keys.clone());
+        let error = shards.read(1).unwrap_err();
+        assert!(matches!(error, Error::FileRemoved { .. }), "{error:?}");
+        assert!(error.dataset_changed() && error.read_fault() != crate::ReadFault::Sample);
+        assert!(error.to_string().contains("a.tar"), "{error}");
     }
 
     #[test]
