@@ -90,7 +90,33 @@ pub(super) fn open_file(
             ),
         });
     }
-    if metadata.metadata().file_metadata().num_rows() == 0 {
+    // Rows are counted from the row groups, as pyarrow counts them: some writers left the
+    // footer's own count at 0 (Parquet.Net 3.0) or at one append's (fastparquet), and a file
+    // whose footer said 0 was left out as empty, its samples silently lost.
+    let groups = metadata.metadata().row_groups();
+    if let Some(group) = groups.iter().position(|group| group.num_rows() < 0) {
+        return Err(Error::ParquetFile {
+            path: path.clone(),
+            source: ParquetError::General(format!(
+                "row group {group} counts {} rows (the metadata is corrupt)",
+                groups[group].num_rows()
+            )),
+        });
+    }
+    let group_rows: i128 = groups
+        .iter()
+        .map(|group| i128::from(group.num_rows()))
+        .sum();
+    let footer_rows = metadata.metadata().file_metadata().num_rows();
+    if i128::from(footer_rows) != group_rows {
+        tracing::warn!(
+            path = %path.display(),
+            footer_rows,
+            group_rows = %group_rows,
+            "a parquet footer's row count differs from its row groups'; the groups' is read"
+        );
+    }
+    if group_rows == 0 {
         tracing::info!(path = %path.display(), "a parquet file of no rows left out");
         return Ok(None);
     }
@@ -415,6 +441,57 @@ mod tests {
         assert!(parsed_features("not json").is_none());
         assert!(is_image_feature(&features, "image"));
         assert!(!is_image_feature(&features, "label"));
+    }
+
+    /// A file whose footer counts other rows than its row groups hold (written so by some
+    /// writers) is read by its row groups, as pyarrow reads it: one whose footer said 0 was
+    /// left out as empty, its samples silently lost.
+    #[test]
+    fn rows_are_counted_from_the_row_groups_whatever_the_footer_says() {
+        use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+        let batch = RecordBatch::try_from_iter(vec![(
+            "count",
+            Arc::new(Int64Array::from(vec![0, 1, 2, 1, 0])) as ArrayRef,
+        )])
+        .unwrap();
+        let mut written = Vec::new();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(&mut written, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        // In the footer's compact thrift: field 3, num_rows (i64, zigzag 5 = 0x0a), then
+        // field 4's header, the row groups (a list of one struct).
+        let count_at: Vec<usize> = written
+            .windows(4)
+            .enumerate()
+            .filter(|(_, bytes)| *bytes == [0x16, 0x0a, 0x19, 0x1c])
+            .map(|(at, _)| at + 1)
+            .collect();
+        assert_eq!(count_at.len(), 1, "{count_at:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let options = ParquetOptions {
+            image_column: None,
+            text_column: None,
+            label_column: None,
+            cache_bytes: 1 << 20,
+        };
+        // zigzag 0 and 7.
+        for (footer_rows, zigzag) in [(0, 0x00), (7, 0x0e)] {
+            let mut bytes = written.clone();
+            bytes[count_at[0]] = zigzag;
+            let path = dir.path().join(format!("footer_{footer_rows}.parquet"));
+            std::fs::write(&path, &bytes).unwrap();
+            let footer = parquet::file::metadata::ParquetMetaDataReader::new()
+                .parse_and_finish(&bytes::Bytes::from(bytes))
+                .unwrap();
+            assert_eq!(footer.file_metadata().num_rows(), footer_rows);
+            let dataset = crate::ParquetDataset::open(&path, &options).unwrap();
+            assert_eq!(
+                crate::SampleSource::len(&dataset),
+                5,
+                "footer {footer_rows}"
+            );
+        }
     }
 
     /// A file of many columns whose `huggingface` metadata is large opens in about the time
