@@ -1785,6 +1785,79 @@ async fn a_worker_too_slow_to_open_a_job_is_named_with_the_setting_to_raise() ->
     Ok(())
 }
 
+/// Every worker stuck opening a job (a shared store that hangs): each was given the whole
+/// describe timeout in turn, so six cost a registration six timeouts; the check takes one in
+/// all now, and its error names every worker that did not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_workers_cost_a_registration_one_describe_timeout_in_all() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.describe_timeout = Duration::from_millis(800);
+    let (_service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    let addresses = [
+        "silent-0:7001",
+        "silent-1:7001",
+        "silent-2:7001",
+        "silent-3:7001",
+        "silent-4:7001",
+        "silent-5:7001",
+    ];
+    let _silent: Vec<_> = addresses.iter().map(|at| network.listen(at)).collect();
+    let mut client = coordinator(&network, None);
+    for at in addresses {
+        register_worker_at(&mut client, at).await?;
+    }
+    let started = std::time::Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(30), register_job(&mut client))
+        .await?
+        .expect_err("no worker opened the job");
+    let took = started.elapsed();
+    // Six in turn took 4.8 s; one timeout and the time to answer, now.
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    assert!(
+        stoker_rpc::error_kinds::is_worker_unreachable(&status),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("--describe-timeout-secs"),
+        "{status:?}"
+    );
+    for at in addresses {
+        assert!(status.message().contains(at), "{at}: {status:?}");
+    }
+    Ok(())
+}
+
+/// A worker that answers, registered after ten stuck ones: it was asked only once each stuck
+/// one had used the whole timeout (ten of 4 s: 40 s); each is joined by the next within a
+/// fraction of it now (more workers, shorter head starts), and the job opens well within one
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_answers_is_asked_while_stuck_ones_are_still_waited_for() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.describe_timeout = Duration::from_secs(4);
+    let (_service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    let stuck: Vec<String> = (0..10).map(|n| format!("silent-{n}:7001")).collect();
+    let _silent: Vec<_> = stuck.iter().map(|at| network.listen(at)).collect();
+    let mut client = coordinator(&network, None);
+    for at in &stuck {
+        register_worker_at(&mut client, at).await?;
+    }
+    let answering = "worker-d:7001";
+    start_describer(&network, answering, 12, 48);
+    register_worker_at(&mut client, answering).await?;
+    let started = std::time::Instant::now();
+    let registered =
+        tokio::time::timeout(Duration::from_secs(30), registration(&mut client)).await??;
+    let took = started.elapsed();
+    assert_eq!(registered.steps_per_epoch, 12);
+    assert!(took < Duration::from_millis(3500), "{took:?}");
+    Ok(())
+}
+
 /// Workers handing a job's tasks back for a cause of their own (a store failing for every
 /// worker) left its client to time out naming no cause: the coordinator keeps the last reason,
 /// which `GetJob` gives.

@@ -69,9 +69,10 @@ pub struct CoordinatorArgs {
     /// step count or fingerprint. 0 keeps every job.
     #[arg(long, default_value_t = 86_400)]
     pub job_retention_secs: u64,
-    /// Longest a worker is given to open a new job's datasets when it registers (a first
-    /// index of many tar shards, or a listing of a large bucket, takes that long once); past
-    /// it the next worker is asked, and the registration fails once every worker took longer.
+    /// Longest a new job's registration waits for a worker to open its datasets (a first
+    /// index of many tar shards, or a listing of a large bucket, takes that long once). A
+    /// worker that has not answered within an eighth of it is joined by the next; the
+    /// registration fails, naming the workers that did not answer, once it has passed.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub describe_timeout_secs: u64,
     /// This coordinator's place in a fleet, `I/N` (0-based): the Ith address of the list of N

@@ -388,118 +388,167 @@ impl CoordinatorService {
     /// path missing on its node, its security) leaves it to the next, as a worker that cannot
     /// open a job mid-run leaves its share to the others; the job is refused with the first
     /// such refusal when none opens it, and at once for any other refusal.
+    ///
+    /// The whole check takes at most `describe_timeout`: a worker that has not answered within
+    /// an eighth of it is joined by the next (every worker opens the job's datasets to serve
+    /// it anyway), sooner when there are many, so that every worker is asked within half of
+    /// it; one stuck worker, or many, cost a registration that long at most, not that long
+    /// each.
     pub(super) async fn describe(
         &self,
         spec: &JobSpec,
     ) -> Result<proto::DescribeJobResponse, Status> {
         let waited_since = Instant::now();
-        loop {
+        let workers = loop {
             let workers = {
                 let state = lock(&self.state);
                 Self::worker_infos(&state)
             };
-            if workers.is_empty() {
-                if waited_since.elapsed() >= self.config.worker_wait {
-                    return Err(error_kinds::status(
-                        ErrorKind::WorkerUnavailable,
-                        "no worker is registered with the coordinator (start stoker-worker --coordinator ADDR)",
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+            if !workers.is_empty() {
+                break workers;
             }
-            let mut last_error = None;
-            let mut refusal = None;
-            for worker in &workers {
+            if waited_since.elapsed() >= self.config.worker_wait {
+                return Err(error_kinds::status(
+                    ErrorKind::WorkerUnavailable,
+                    "no worker is registered with the coordinator (start stoker-worker --coordinator ADDR)",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let timeout = self.config.describe_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let parts = u32::try_from(workers.len().saturating_mul(2))
+            .unwrap_or(u32::MAX)
+            .max(HEAD_START_PARTS);
+        let head_start = timeout / parts;
+        let mut unasked = workers.iter().enumerate();
+        let mut asking = tokio::task::JoinSet::new();
+        // Asked and not answered yet, by their place in `workers`.
+        let mut waiting: Vec<usize> = Vec::new();
+        let mut last_error = None;
+        let mut refusal = None;
+        // Each turn asks the next worker: at the start, when the last asked took its head
+        // start, and when one answered with anything but a description.
+        loop {
+            if let Some((place, worker)) = unasked.next() {
                 let channel = self
                     .config
                     .network
                     .channel(&worker.data_address, &self.config.client_security)
                     .map_err(|e| Status::internal(e.to_string()))?;
-                let mut client = WorkerDataClient::new(channel);
                 let request = DescribeJobRequest {
                     spec: Some(spec.clone()),
                 };
-                match tokio::time::timeout(
-                    self.config.describe_timeout,
-                    client.describe_job(request),
-                )
-                .await
-                {
-                    Ok(Ok(response)) => {
-                        if let Some(refused) = &refusal {
-                            tracing::warn!(worker = worker.worker_id, %refused, "a worker refused a job another opened");
-                        }
-                        return Ok(response.into_inner());
+                asking.spawn(async move {
+                    let answer = WorkerDataClient::new(channel).describe_job(request).await;
+                    (place, answer.map(tonic::Response::into_inner))
+                });
+                waiting.push(place);
+            }
+            if asking.is_empty() {
+                break;
+            }
+            let more = unasked.len() > 0;
+            let answered = tokio::select! {
+                answered = asking.join_next() => answered,
+                () = tokio::time::sleep(head_start), if more => continue,
+                () = tokio::time::sleep_until(deadline) => break,
+            };
+            let Some(Ok((place, answer))) = answered else {
+                continue; // A task that panicked: its worker stays named as not answering.
+            };
+            waiting.retain(|&asked| asked != place);
+            let worker = &workers[place];
+            match answer {
+                Ok(response) => {
+                    if let Some(refused) = &refusal {
+                        tracing::warn!(worker = worker.worker_id, %refused, "a worker refused a job another opened");
                     }
-                    Ok(Err(status)) if error_kinds::is_transient(&status) => {
-                        tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
-                        // Still transient (the client tries again), but named as what it is:
-                        // the coordinator answered, a worker did not.
-                        last_error = Some(error_kinds::worker_unreachable(Status::with_metadata(
+                    return Ok(response);
+                }
+                Err(status) if error_kinds::is_transient(&status) => {
+                    tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
+                    // Still transient (the client tries again), but named as what it is:
+                    // the coordinator answered, a worker did not.
+                    last_error = Some(error_kinds::worker_unreachable(Status::with_metadata(
+                        status.code(),
+                        format!(
+                            "the coordinator cannot reach worker {} at {} to open the job \
+                             (is that address reachable from the coordinator?): {}",
+                            worker.worker_id,
+                            worker.data_address,
+                            status.message()
+                        ),
+                        status.metadata().clone(),
+                    )));
+                }
+                Err(status) => {
+                    // The worker's kind goes back with its reason (or the kind of the
+                    // connector's refusal, when the coordinator could not reach it).
+                    let kind = error_kinds::kind_of_status(&status);
+                    let refused = error_kinds::with_kind(
+                        Status::with_metadata(
                             status.code(),
                             format!(
-                                "the coordinator cannot reach worker {} at {} to open the job \
-                                 (is that address reachable from the coordinator?): {}",
+                                "worker {} ({}) refused the job: {}",
                                 worker.worker_id,
                                 worker.data_address,
                                 status.message()
                             ),
                             status.metadata().clone(),
-                        )));
+                        ),
+                        kind,
+                    );
+                    // Only a refusal about this worker (the folder outside its
+                    // --data-root, a path its node lacks, its own connection) is left to
+                    // the next: any other (a split to name, a format it cannot read) every
+                    // worker would give, each after as long.
+                    if !matches!(
+                        kind,
+                        ErrorKind::PermissionDenied
+                            | ErrorKind::NotFound
+                            | ErrorKind::NotADirectory
+                            | ErrorKind::Unauthenticated
+                            | ErrorKind::Tls
+                    ) {
+                        return Err(refused);
                     }
-                    Ok(Err(status)) => {
-                        // The worker's kind goes back with its reason (or the kind of the
-                        // connector's refusal, when the coordinator could not reach it).
-                        let kind = error_kinds::kind_of_status(&status);
-                        let refused = error_kinds::with_kind(
-                            Status::with_metadata(
-                                status.code(),
-                                format!(
-                                    "worker {} ({}) refused the job: {}",
-                                    worker.worker_id,
-                                    worker.data_address,
-                                    status.message()
-                                ),
-                                status.metadata().clone(),
-                            ),
-                            kind,
-                        );
-                        // Only a refusal about this worker (the folder outside its
-                        // --data-root, a path its node lacks, its own connection) is left to
-                        // the next: any other (a split to name, a format it cannot read) every
-                        // worker would give, each after as long.
-                        if !matches!(
-                            kind,
-                            ErrorKind::PermissionDenied
-                                | ErrorKind::NotFound
-                                | ErrorKind::NotADirectory
-                                | ErrorKind::Unauthenticated
-                                | ErrorKind::Tls
-                        ) {
-                            return Err(refused);
-                        }
-                        refusal.get_or_insert(refused);
-                    }
-                    Err(_) => {
-                        // The coordinator answered, a worker did not in time: named as such.
-                        last_error = Some(error_kinds::worker_unreachable(
-                            Status::deadline_exceeded(format!(
-                                "worker {} at {} did not open the job's datasets within {:?} \
-                                 (a first index of a large set can take longer: raise the \
-                                 coordinator's --describe-timeout-secs)",
-                                worker.worker_id, worker.data_address, self.config.describe_timeout
-                            )),
-                        ))
-                    }
+                    refusal.get_or_insert(refused);
                 }
             }
-            return Err(refusal
-                .or(last_error)
-                .unwrap_or_else(|| Status::unavailable("no worker could check the job")));
         }
+        if !waiting.is_empty() {
+            // The coordinator answered, workers did not in time: named as such.
+            let silent: Vec<String> = waiting
+                .iter()
+                .map(|&place| {
+                    let worker = &workers[place];
+                    format!("worker {} at {}", worker.worker_id, worker.data_address)
+                })
+                .collect();
+            let silent = silent.join(", ");
+            tracing::warn!(workers = %silent, ?timeout, "no worker opened a job in time");
+            // What the others answered, if they could not be reached, goes with it.
+            let besides = last_error
+                .map(|status: Status| format!("; besides: {}", status.message()))
+                .unwrap_or_default();
+            last_error = Some(error_kinds::worker_unreachable(Status::deadline_exceeded(
+                format!(
+                    "{silent} did not open the job's datasets within {timeout:?} (a first \
+                     index of a large set can take longer: raise the coordinator's \
+                     --describe-timeout-secs){besides}"
+                ),
+            )));
+        }
+        Err(refusal
+            .or(last_error)
+            .unwrap_or_else(|| Status::unavailable("no worker could check the job")))
     }
 }
+
+/// A worker asked to open a job that has not answered within this part of the describe
+/// timeout (or less, with more than half as many workers) is joined by the next.
+const HEAD_START_PARTS: u32 = 8;
 
 /// Longest time between two looks for jobs to retire.
 const RETIRE_LOOK_EVERY: Duration = Duration::from_secs(5);

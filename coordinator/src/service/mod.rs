@@ -49,7 +49,8 @@ pub struct CoordinatorServiceConfig {
     pub session_timeout: Duration,
     /// Longest a worker's lease call waits for work.
     pub max_lease_wait: Duration,
-    /// How long a job check (`DescribeJob` on a worker) may take.
+    /// How long a job check (`DescribeJob` on the workers, each joined by the next when it
+    /// has not answered within an eighth of it) may take in all.
     pub describe_timeout: Duration,
     /// How long a job registration waits for a first worker to register.
     pub worker_wait: Duration,
