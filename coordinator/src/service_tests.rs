@@ -4,6 +4,7 @@
 //! process tests (`cli/tests/it/`) run the same paths with real daemons.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoker_pipeline::ErrorKind;
@@ -1855,6 +1856,69 @@ async fn a_worker_that_answers_is_asked_while_stuck_ones_are_still_waited_for() 
     let took = started.elapsed();
     assert_eq!(registered.steps_per_epoch, 12);
     assert!(took < Duration::from_millis(3500), "{took:?}");
+    Ok(())
+}
+
+/// A writer into a shared buffer, for a log subscriber's lines.
+#[derive(Clone, Default)]
+struct LogLines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogLines {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A worker's report of its failed tasks (a store failing for it) wrote two warnings per task,
+/// each under the state's lock every job's calls wait for: it writes one line now, off it.
+#[tokio::test]
+async fn a_report_of_many_failed_tasks_is_one_warning() -> TestResult {
+    let lines = LogLines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // A current-thread runtime: the coordinator's tasks log on this thread.
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let worker = register_worker(&mut client).await?;
+    let (_job, _session) = open(&mut client, STEPS).await?;
+    let mut tasks = Vec::new();
+    while (tasks.len() as u64) < STEPS {
+        let more = lease(&mut client, worker, STEPS as u32).await?;
+        assert!(!more.is_empty(), "only {} tasks leased", tasks.len());
+        tasks.extend(more);
+    }
+    let reason = "the store answers 503 Slow Down (a unique reason)";
+    client
+        .report(ReportRequest {
+            worker_id: worker,
+            failed: tasks
+                .iter()
+                .map(|task| stoker_proto::v1::FailedTask {
+                    lease_id: task.lease_id,
+                    reason: reason.into(),
+                    unclaimed: false,
+                })
+                .collect(),
+            ..ReportRequest::default()
+        })
+        .await?;
+    let logged = String::from_utf8(lines.0.lock().unwrap().clone())?;
+    let warnings: Vec<&str> = logged
+        .lines()
+        .filter(|line| line.contains(reason))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].contains("failed=8"), "{}", warnings[0]);
     Ok(())
 }
 

@@ -276,7 +276,7 @@ impl Coordinator {
             job.last_failure = Some((reason.to_string(), Instant::now()));
         }
         if let Some(session) = self.sessions.get(&entry.session) {
-            tracing::warn!(
+            tracing::debug!(
                 worker = worker.0,
                 job = session.job.0,
                 rank = session.rank,

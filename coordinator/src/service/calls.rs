@@ -567,7 +567,6 @@ impl CoordinatorService {
             }
         }
         for failed in &request.failed {
-            tracing::warn!(worker = worker.0, lease = failed.lease_id, reason = %failed.reason, "task failed on a worker; requeued");
             let lease = LeaseId(failed.lease_id);
             let failed = match failed.unclaimed {
                 true => state.core.fail_unclaimed(worker, lease, &failed.reason),
@@ -585,6 +584,16 @@ impl CoordinatorService {
             entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
         }
         drop(state);
+        // One line per report, written off the state's lock (a store failing for a worker
+        // fails its tasks by the dozen; each one's step is logged at debug level).
+        if let Some(first) = request.failed.first() {
+            tracing::warn!(
+                worker = worker.0,
+                failed = request.failed.len(),
+                reason = %first.reason,
+                "tasks failed on a worker; requeued (the first one's reason)"
+            );
+        }
         if requeued {
             self.work.notify_waiters();
         }
