@@ -175,7 +175,6 @@ impl FilePool {
         }
     }
 
-    /// Closes the least recently used half of the pool; returns how many entries it closed.
     /// [`FilePool::forget`] of one key, without a look at the other entries.
     pub(crate) fn forget_one(&self, key: FileKey) {
         let mut entries = self.lock();
@@ -184,6 +183,7 @@ impl FilePool {
         }
     }
 
+    /// Closes the least recently used half of the pool; returns how many entries it closed.
     fn shed_half(&self) -> usize {
         let mut entries = self.lock();
         let count = entries.files.len().div_ceil(2);

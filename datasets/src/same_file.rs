@@ -59,11 +59,21 @@ impl SameFile {
         self.matches(now, path)
     }
 
-    /// The error of opening the file again (by its path, once a pool of open files let it
-    /// go) that failed with `source`: a file no longer there is [`Error::FileRemoved`], the
-    /// dataset changed, not a sample that cannot be read.
-    pub(crate) fn reopen_error(&self, path: &Path, source: std::io::Error) -> Error {
+    /// The error of opening the file `path` again, from `read_from` (the file, or an object's
+    /// copy in the cache tier), that failed with `source`: a file no longer there is
+    /// [`Error::FileRemoved`], the dataset changed, not a sample that cannot be read; a copy no
+    /// longer there is this node's cache's fault ([`Error::Cache`]), not the dataset's.
+    pub(crate) fn reopen_error(
+        &self,
+        path: &Path,
+        read_from: &Path,
+        source: std::io::Error,
+    ) -> Error {
         match source.kind() {
+            _ if read_from != path => Error::Cache {
+                path: read_from.to_path_buf(),
+                source,
+            },
             std::io::ErrorKind::NotFound => Error::FileRemoved {
                 path: path.to_path_buf(),
             },
@@ -146,5 +156,25 @@ mod tests {
             matches!(error, Error::FileReplaced { now_len: 5, .. }),
             "{error}"
         );
+    }
+
+    /// A file gone when opened again is a changed dataset; an object's copy gone from the
+    /// cache tier is the cache's fault (another worker may read the object), not the dataset's.
+    #[test]
+    fn a_file_gone_is_removed_and_a_copy_gone_is_the_caches() {
+        let opened = SameFile {
+            device: 1,
+            inode: 2,
+            len: 3,
+        };
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let path = Path::new("/data/a.arrow");
+        let removed = opened.reopen_error(path, path, gone());
+        assert!(matches!(removed, Error::FileRemoved { .. }) && removed.dataset_changed());
+        let uri = Path::new("s3://bucket/a.arrow");
+        let copy = Path::new("/cache/bucket/a.arrow");
+        let evicted = opened.reopen_error(uri, copy, gone());
+        assert!(matches!(evicted, Error::Cache { .. }), "{evicted}");
+        assert!(!evicted.dataset_changed() && evicted.read_fault() != crate::ReadFault::Sample);
     }
 }

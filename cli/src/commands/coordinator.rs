@@ -71,8 +71,9 @@ pub struct CoordinatorArgs {
     pub job_retention_secs: u64,
     /// Longest a new job's registration waits for a worker to open its datasets (a first
     /// index of many tar shards, or a listing of a large bucket, takes that long once). A
-    /// worker that has not answered within an eighth of it is joined by the next; the
-    /// registration fails, naming the workers that did not answer, once it has passed.
+    /// worker that has not answered within an eighth of it (less with more than four workers)
+    /// is joined by the next; once it has passed, the registration fails naming the workers
+    /// that did not answer (or with a worker's own refusal, when one gave one).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub describe_timeout_secs: u64,
     /// This coordinator's place in a fleet, `I/N` (0-based): the Ith address of the list of N

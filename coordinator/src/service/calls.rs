@@ -549,6 +549,16 @@ impl CoordinatorService {
 
     /// A worker's report of its leases' outcomes (by `Report`, or with a `Lease` call).
     fn apply_report(&self, worker: WorkerId, request: &ReportRequest) -> Result<(), Status> {
+        // One line per report, written off the state's lock (a store failing for a worker
+        // fails its tasks by the dozen; each one's step is logged at debug level).
+        if let Some(first) = request.failed.first() {
+            tracing::warn!(
+                worker = worker.0,
+                failed = request.failed.len(),
+                reason = %first.reason,
+                "tasks failed on a worker; to be requeued (the first one's reason)"
+            );
+        }
         let mut state = lock(&self.state);
         let mut requeued = false;
         // A lease never issued or another worker's: the rest still counts, the caller hears of it.
@@ -584,16 +594,6 @@ impl CoordinatorService {
             entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
         }
         drop(state);
-        // One line per report, written off the state's lock (a store failing for a worker
-        // fails its tasks by the dozen; each one's step is logged at debug level).
-        if let Some(first) = request.failed.first() {
-            tracing::warn!(
-                worker = worker.0,
-                failed = request.failed.len(),
-                reason = %first.reason,
-                "tasks failed on a worker; requeued (the first one's reason)"
-            );
-        }
         if requeued {
             self.work.notify_waiters();
         }

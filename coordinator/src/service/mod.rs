@@ -50,7 +50,7 @@ pub struct CoordinatorServiceConfig {
     /// Longest a worker's lease call waits for work.
     pub max_lease_wait: Duration,
     /// How long a job check (`DescribeJob` on the workers, each joined by the next when it
-    /// has not answered within an eighth of it) may take in all.
+    /// has not answered within an eighth of it, less with more than four) may take in all.
     pub describe_timeout: Duration,
     /// How long a job registration waits for a first worker to register.
     pub worker_wait: Duration,

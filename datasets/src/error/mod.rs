@@ -316,7 +316,7 @@ pub enum Error {
     },
 
     /// A file read by position is not the one the dataset was opened with (another file, or
-    /// another size): replaced under the job, its index's offsets may point into other bytes.
+    /// another size): replaced or rewritten, its index's offsets may point into other bytes.
     #[error(
         "{path} was replaced or rewritten under the running job: it is not the file the \
          dataset was opened with ({opened_len} bytes then, {now_len} now)"

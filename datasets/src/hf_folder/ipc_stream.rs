@@ -276,7 +276,7 @@ impl StreamFile {
                 },
                 is_out_of_descriptors,
             )
-            .map_err(|source| self.same.reopen_error(&self.path, source))
+            .map_err(|source| self.same.reopen_error(&self.path, &self.read_from, source))
     }
 
     /// Reads and decodes root columns `columns` (schema indices) of batch `batch`, in the

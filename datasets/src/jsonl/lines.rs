@@ -162,7 +162,8 @@ impl JsonlFile {
             || File::open(&self.read_from).map(PooledFile::plain),
             is_out_of_descriptors,
         );
-        let opened = opened.map_err(|source| self.same.reopen_error(&self.path, source))?;
+        let opened =
+            opened.map_err(|source| self.same.reopen_error(&self.path, &self.read_from, source))?;
         // The pool opens it again by its path once it let it go: a file renamed over it
         // would give other documents' bytes at the offsets indexed. Lines appended since
         // leave those as they were.

@@ -254,6 +254,7 @@ impl Shard {
     /// The error of opening the shard again that failed with `source` (a shard removed under
     /// the job is [`crate::Error::FileRemoved`]).
     pub(super) fn reopen_error(&self, source: std::io::Error) -> crate::Error {
-        self.identity.reopen_error(&self.path, source)
+        self.identity
+            .reopen_error(&self.path, &self.read_from, source)
     }
 }

@@ -50,9 +50,13 @@ impl LocalFile {
         &self.path
     }
 
-    /// The file opened, checked against the one whose footer was read (if it was).
+    /// The file opened, checked against the one whose footer was read (if it was): one gone
+    /// since is [`Error::FileRemoved`].
     fn open(&self) -> Result<File> {
-        let file = File::open(&self.path).map_err(|source| Error::io(&self.path, source))?;
+        let file = File::open(&self.path).map_err(|source| match self.footer_of.get() {
+            Some(footer) => footer.reopen_error(&self.path, &self.path, source),
+            None => Error::io(&self.path, source),
+        })?;
         let now = SameFile::of_file(&file, &self.path)?;
         self.footer_of
             .get_or_init(|| now)

@@ -959,3 +959,18 @@ fn a_file_replaced_under_the_open_set_stops_the_job_naming_it() {
     assert!(matches!(error, Error::FileReplaced { .. }), "{error:?}");
     assert!(error.dataset_changed() && error.to_string().contains("a.parquet"));
 }
+
+/// A file of the set removed while it is open: each of its rows was read as a bad sample (not
+/// found) and replaced; the dataset changed, and the read stops the job naming the file.
+#[test]
+fn a_file_removed_under_the_open_set_stops_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.parquet");
+    write_file(&path, image_columns(8), 4);
+    let dataset = open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let error = dataset.read(0).unwrap_err();
+    assert!(matches!(error, Error::FileRemoved { .. }), "{error:?}");
+    assert!(error.dataset_changed() && error.read_fault() != stoker_datasets::ReadFault::Sample);
+    assert!(error.to_string().contains("a.parquet"), "{error}");
+}
