@@ -549,15 +549,9 @@ impl CoordinatorService {
 
     /// A worker's report of its leases' outcomes (by `Report`, or with a `Lease` call).
     fn apply_report(&self, worker: WorkerId, request: &ReportRequest) -> Result<(), Status> {
-        // One line per report, written off the state's lock (a store failing for a worker
-        // fails its tasks by the dozen; each one's step is logged at debug level).
+        // One line per report, off the state's lock (each task's step is logged at debug level).
         if let Some(first) = request.failed.first() {
-            tracing::warn!(
-                worker = worker.0,
-                failed = request.failed.len(),
-                reason = %first.reason,
-                "tasks failed on a worker; to be requeued (the first one's reason)"
-            );
+            tracing::warn!(worker = worker.0, failed = request.failed.len(), reason = %first.reason, "tasks failed on a worker; to be requeued (the first one's reason)");
         }
         let mut state = lock(&self.state);
         let mut requeued = false;
