@@ -59,28 +59,6 @@ impl SameFile {
         self.matches(now, path)
     }
 
-    /// The error of opening the file `path` again, from `read_from` (the file, or an object's
-    /// copy in the cache tier), that failed with `source`: a file no longer there is
-    /// [`Error::FileRemoved`], the dataset changed, not a sample that cannot be read; a copy no
-    /// longer there is this node's cache's fault ([`Error::Cache`]), not the dataset's.
-    pub(crate) fn reopen_error(
-        &self,
-        path: &Path,
-        read_from: &Path,
-        source: std::io::Error,
-    ) -> Error {
-        match source.kind() {
-            _ if read_from != path => Error::Cache {
-                path: read_from.to_path_buf(),
-                source,
-            },
-            std::io::ErrorKind::NotFound => Error::FileRemoved {
-                path: path.to_path_buf(),
-            },
-            _ => Error::io(path, source),
-        }
-    }
-
     /// `Ok` when `now` (the identity of the file at `path` now) is this one; else
     /// [`Error::FileReplaced`].
     pub(crate) fn matches(&self, now: SameFile, path: &Path) -> Result<()> {
@@ -92,6 +70,23 @@ impl SameFile {
             opened_len: self.len,
             now_len: now.len,
         })
+    }
+}
+
+/// The error of opening the file `path` again, from `read_from` (the file, or an object's
+/// copy in the cache tier), that failed with `source`: a file no longer there is
+/// [`Error::FileRemoved`], the dataset changed, not a sample that cannot be read; a copy no
+/// longer there is this node's cache's fault ([`Error::Cache`]), not the dataset's.
+pub(crate) fn reopen_error(path: &Path, read_from: &Path, source: std::io::Error) -> Error {
+    match source.kind() {
+        _ if read_from != path => Error::Cache {
+            path: read_from.to_path_buf(),
+            source,
+        },
+        std::io::ErrorKind::NotFound => Error::FileRemoved {
+            path: path.to_path_buf(),
+        },
+        _ => Error::io(path, source),
     }
 }
 
@@ -162,18 +157,13 @@ mod tests {
     /// cache tier is the cache's fault (another worker may read the object), not the dataset's.
     #[test]
     fn a_file_gone_is_removed_and_a_copy_gone_is_the_caches() {
-        let opened = SameFile {
-            device: 1,
-            inode: 2,
-            len: 3,
-        };
         let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
         let path = Path::new("/data/a.arrow");
-        let removed = opened.reopen_error(path, path, gone());
+        let removed = reopen_error(path, path, gone());
         assert!(matches!(removed, Error::FileRemoved { .. }) && removed.dataset_changed());
         let uri = Path::new("s3://bucket/a.arrow");
         let copy = Path::new("/cache/bucket/a.arrow");
-        let evicted = opened.reopen_error(uri, copy, gone());
+        let evicted = reopen_error(uri, copy, gone());
         assert!(matches!(evicted, Error::Cache { .. }), "{evicted}");
         assert!(!evicted.dataset_changed() && evicted.read_fault() != crate::ReadFault::Sample);
     }

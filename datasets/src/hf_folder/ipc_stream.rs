@@ -35,7 +35,7 @@ use arrow_schema::{DataType, SchemaRef, UnionMode};
 use crate::decoder_panics::without_panics;
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
-use crate::same_file::SameFile;
+use crate::same_file::{reopen_error, SameFile};
 use crate::storage::CachedObject;
 
 /// The marker before each message's header length (since Arrow 0.15).
@@ -276,7 +276,7 @@ impl StreamFile {
                 },
                 is_out_of_descriptors,
             )
-            .map_err(|source| self.same.reopen_error(&self.path, &self.read_from, source))
+            .map_err(|source| reopen_error(&self.path, &self.read_from, source))
     }
 
     /// Reads and decodes root columns `columns` (schema indices) of batch `batch`, in the

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
-use crate::same_file::SameFile;
+use crate::same_file::{reopen_error, SameFile};
 use crate::storage::CachedObject;
 
 use super::lenient::BOM;
@@ -162,8 +162,7 @@ impl JsonlFile {
             || File::open(&self.read_from).map(PooledFile::plain),
             is_out_of_descriptors,
         );
-        let opened =
-            opened.map_err(|source| self.same.reopen_error(&self.path, &self.read_from, source))?;
+        let opened = opened.map_err(|source| reopen_error(&self.path, &self.read_from, source))?;
         // The pool opens it again by its path once it let it go: a file renamed over it
         // would give other documents' bytes at the offsets indexed. Lines appended since
         // leave those as they were.

@@ -40,6 +40,7 @@ use tracing::info;
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::label_checks;
+use crate::same_file::reopen_error;
 use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
 
@@ -298,7 +299,7 @@ impl MdsDataset {
                 || File::open(&shard.read_from).map(PooledFile::plain),
                 is_out_of_descriptors,
             )
-            .map_err(|error| shard.reopen_error(error))?;
+            .map_err(|error| reopen_error(&shard.path, &shard.read_from, error))?;
         shard.check_unchanged(&pooled.file)?;
         let begin = u64::from(shard.offsets[local]);
         let end = u64::from(shard.offsets[local + 1]);

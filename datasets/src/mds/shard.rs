@@ -250,11 +250,4 @@ impl Shard {
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
         self.identity.check(file, &self.path)
     }
-
-    /// The error of opening the shard again that failed with `source` (a shard removed under
-    /// the job is [`crate::Error::FileRemoved`]).
-    pub(super) fn reopen_error(&self, source: std::io::Error) -> crate::Error {
-        self.identity
-            .reopen_error(&self.path, &self.read_from, source)
-    }
 }

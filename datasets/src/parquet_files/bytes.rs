@@ -15,7 +15,7 @@ use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::error::{Error, Result};
-use crate::same_file::SameFile;
+use crate::same_file::{reopen_error, SameFile};
 use crate::storage::ByteRanges;
 
 /// The bytes of one Parquet file.
@@ -54,7 +54,7 @@ impl LocalFile {
     /// since is [`Error::FileRemoved`].
     fn open(&self) -> Result<File> {
         let file = File::open(&self.path).map_err(|source| match self.footer_of.get() {
-            Some(footer) => footer.reopen_error(&self.path, &self.path, source),
+            Some(_) => reopen_error(&self.path, &self.path, source),
             None => Error::io(&self.path, source),
         })?;
         let now = SameFile::of_file(&file, &self.path)?;

@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::naming::RemoteFiles;
+use crate::same_file::reopen_error;
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{
     default_user_cache_dir, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject,
@@ -216,9 +217,7 @@ impl TarShards {
                 .map(PooledFile::plain)
                 .map_err(|source| match source.kind() {
                     // Indexed at open, gone now: the dataset changed, not its samples bad.
-                    std::io::ErrorKind::NotFound => Error::FileRemoved {
-                        path: shard.path.clone(),
-                    },
+                    std::io::ErrorKind::NotFound => reopen_error(&shard.path, &shard.path, source),
                     _ => read_error(source),
                 })
         };
