@@ -5,13 +5,15 @@
 //! A stream's [`Progress`] counts the batches the data server took from its queue and the data
 //! frames it sent of them (at most 1 MiB each: HTTP/2 asks for the next only as the client's
 //! window has room), so a client reading a large batch slowly over a slow link is seen reading
-//! all along. A delivery waits on a full queue for as long as the stream makes progress, and
-//! ends it once it made none for the delivery timeout ([`queue`]). That alone misses a stream
+//! all along. A task's batch is built once [`Room`] for it is reserved in the queue: a task
+//! waits for room in a full queue for as long as the stream makes progress, and ends the stream
+//! once it made none for the delivery timeout with a batch waiting in it ([`room`]; rooms whose
+//! batches are still being built are not the client's to take). That alone misses a stream
 //! whose queue is not full: a client that granted fewer credits than the queue holds, or whose
-//! session closed before the worker filled it, never has a delivery waiting on it, and would
-//! keep its queued batches for as long as its connection lives. The [`StallWatch`] closes that
-//! gap: a stream that holds a batch and makes no progress for the delivery timeout is stalled,
-//! whether or not a delivery is waiting.
+//! session closed before the worker filled it, never has a task waiting on it, and would keep
+//! its queued batches for as long as its connection lives. The [`StallWatch`] closes that gap: a
+//! stream that holds a batch and makes no progress for the delivery timeout is stalled, whether
+//! or not a task is waiting.
 //!
 //! A stream ended for a stall ([`StallMark::set`]) does not end cleanly: after the batches
 //! already queued it says `UNAVAILABLE`, so its client opens its session again. Deliveries it
@@ -20,7 +22,7 @@
 //! would wait for them until its stall watch. A stream the drain ends ends cleanly.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -33,19 +35,62 @@ use tonic::Status;
 /// What travels on a client stream.
 pub(super) type Item = std::result::Result<Batch, Status>;
 
-/// How far a client stream got: the batches the data server took from its queue and the data
-/// frames it sent of them, one count.
+/// How far a client stream got (the batches the data server took from its queue and the data
+/// frames it sent of them, one count), and the rooms reserved in its queue for batches still
+/// being built.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Progress(Arc<AtomicU64>);
+pub(super) struct Progress {
+    moved: Arc<AtomicU64>,
+    reserved: Arc<AtomicUsize>,
+}
 
 impl Progress {
     fn now(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.moved.load(Ordering::Relaxed)
     }
 
     /// The count the data server's body adds its frames to.
     pub(super) fn frames_sent(&self) -> FramesSent {
-        FramesSent(Arc::clone(&self.0))
+        FramesSent(Arc::clone(&self.moved))
+    }
+
+    /// What waits in the queue of `sender`'s stream for its client: the rooms reserved for
+    /// batches still being built are not counted.
+    fn queued(&self, sender: &mpsc::Sender<Item>) -> usize {
+        let taken = sender.max_capacity() - sender.capacity();
+        taken.saturating_sub(self.reserved.load(Ordering::Acquire))
+    }
+}
+
+/// Room for one item in a stream's queue, reserved before its batch is built: a worker builds a
+/// batch once its stream can take it, so the batches it holds for a client are those in the
+/// client's queue and those being built. Dropped unsent, the room is free again.
+pub(super) struct Room {
+    permit: Option<mpsc::OwnedPermit<Item>>,
+    reserved: Arc<AtomicUsize>,
+}
+
+impl Room {
+    fn new(permit: mpsc::OwnedPermit<Item>, progress: &Progress) -> Self {
+        progress.reserved.fetch_add(1, Ordering::AcqRel);
+        Self {
+            permit: Some(permit),
+            reserved: Arc::clone(&progress.reserved),
+        }
+    }
+
+    /// Puts `item` in the room: it waits in the queue for the data server.
+    pub(super) fn send(mut self, item: Item) {
+        if let Some(permit) = self.permit.take() {
+            permit.send(item);
+        }
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.reserved.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -70,7 +115,7 @@ impl tokio_stream::Stream for ClientStream {
         }
         match this.receiver.poll_recv(cx) {
             Poll::Ready(Some(item)) => {
-                this.progress.0.fetch_add(1, Ordering::Relaxed);
+                this.progress.moved.fetch_add(1, Ordering::Relaxed);
                 Poll::Ready(Some(item))
             }
             Poll::Ready(None) => {
@@ -95,39 +140,46 @@ impl ClientStream {
     }
 }
 
-/// How a delivery's [`queue`] ended.
-pub(super) enum Queued {
-    /// The item is in the stream's queue.
-    Done,
+/// Why a stream has no room for a task's item.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum NoRoom {
+    /// Its queue is full now ([`try_room`]).
+    Full,
     /// The client closed the stream.
     Closed,
-    /// The queue stayed full and the stream made no progress for the whole wait.
+    /// The queue stayed full and the stream made no progress for the whole wait, with an item
+    /// waiting in it for the client ([`room`]).
     Stalled,
 }
 
-/// Puts `item` in the queue of `sender`'s stream, waiting while it is full for as long as the
-/// stream's `progress` moves within each `wait`: a client reading a large batch slowly is
-/// waited for, one that stopped reading is not.
-pub(super) async fn queue(
+/// Room in the queue of `sender`'s stream now, if it has any.
+pub(super) fn try_room(sender: mpsc::Sender<Item>, progress: &Progress) -> Result<Room, NoRoom> {
+    match sender.try_reserve_owned() {
+        Ok(permit) => Ok(Room::new(permit, progress)),
+        Err(mpsc::error::TrySendError::Full(_)) => Err(NoRoom::Full),
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(NoRoom::Closed),
+    }
+}
+
+/// Room in the queue of `sender`'s stream, waiting while it is full for as long as the stream's
+/// `progress` moves within each `wait`, or while only rooms whose batches are being built fill
+/// it: a client reading a large batch slowly is waited for, one that stopped reading is not.
+pub(super) async fn room(
     sender: &mpsc::Sender<Item>,
     progress: &Progress,
-    item: Item,
     wait: Duration,
-) -> Queued {
-    // One wait for room throughout, so it keeps its place in line behind the deliveries that
-    // came first.
-    let room = sender.reserve();
-    tokio::pin!(room);
+) -> Result<Room, NoRoom> {
+    // One wait for room throughout, so it keeps its place in line behind the waits that came
+    // first.
+    let reserve = sender.clone().reserve_owned();
+    tokio::pin!(reserve);
     loop {
         let before = progress.now();
-        match tokio::time::timeout(wait, &mut room).await {
-            Ok(Ok(room)) => {
-                room.send(item);
-                return Queued::Done;
-            }
-            Ok(Err(_)) => return Queued::Closed,
-            Err(_) if progress.now() != before => {}
-            Err(_) => return Queued::Stalled,
+        match tokio::time::timeout(wait, &mut reserve).await {
+            Ok(Ok(permit)) => return Ok(Room::new(permit, progress)),
+            Ok(Err(_)) => return Err(NoRoom::Closed),
+            Err(_) if progress.now() != before || progress.queued(sender) == 0 => {}
+            Err(_) => return Err(NoRoom::Stalled),
         }
     }
 }
@@ -185,7 +237,7 @@ impl StallWatch {
                 return None;
             }
             let now = self.progress.now();
-            let queued = sender.max_capacity() - sender.capacity();
+            let queued = self.progress.queued(&sender);
             if queued == 0 || now != last {
                 last = now;
                 stalled_since = None;
@@ -214,6 +266,18 @@ mod tests {
             step,
             ..Batch::default()
         })
+    }
+
+    /// Puts `item` in the queue of `sender`'s stream once it has room for it, as a task does.
+    async fn queue(
+        sender: &mpsc::Sender<Item>,
+        progress: &Progress,
+        item: Item,
+        wait: Duration,
+    ) -> Result<(), NoRoom> {
+        room(sender, progress, wait)
+            .await
+            .map(|room| room.send(item))
     }
 
     #[tokio::test]
@@ -275,22 +339,61 @@ mod tests {
             "a delivery gave up on a stream sending frames"
         );
         assert_eq!(stream.next().await.unwrap().unwrap().step, 1);
-        assert!(matches!(waiting.await.unwrap(), Queued::Done));
+        assert_eq!(waiting.await.unwrap(), Ok(()));
         assert_eq!(stream.next().await.unwrap().unwrap().step, 2);
         // Then no frame, with a batch waiting for room: the delivery gives up, and the watch
         // fires.
         sender.send(batch(3)).await.unwrap();
         let started = tokio::time::Instant::now();
         let stuck = queue(&sender, &progress, batch(4), TIMEOUT).await;
-        assert!(matches!(stuck, Queued::Stalled));
+        assert_eq!(stuck, Err(NoRoom::Stalled));
         assert!(started.elapsed() >= TIMEOUT);
         let stalled = tokio::time::timeout(TIMEOUT * 10, watch).await;
         assert!(stalled.expect("the watch fires").unwrap().is_some());
         drop(stream);
-        assert!(matches!(
-            queue(&sender, &progress, batch(5), TIMEOUT).await,
-            Queued::Closed
-        ));
+        let closed = queue(&sender, &progress, batch(5), TIMEOUT).await;
+        assert_eq!(closed, Err(NoRoom::Closed));
+    }
+
+    #[tokio::test]
+    async fn rooms_whose_batches_are_being_built_are_no_stall() {
+        let (sender, mut stream, watch, _) = client_stream(2);
+        let progress = stream.progress();
+        let watch = tokio::spawn(watch.stalled(TIMEOUT));
+        // Both rooms reserved, their batches built for longer than the timeout: the queue is
+        // full, but nothing in it waits for the client.
+        let first = try_room(sender.clone(), &progress).expect("room");
+        let second = room(&sender, &progress, TIMEOUT).await.expect("room");
+        assert_eq!(
+            try_room(sender.clone(), &progress).err(),
+            Some(NoRoom::Full)
+        );
+        let third = tokio::spawn({
+            let (sender, progress) = (sender.clone(), progress.clone());
+            async move { room(&sender, &progress, TIMEOUT).await }
+        });
+        tokio::time::sleep(TIMEOUT * 3).await;
+        assert!(!watch.is_finished(), "rooms being built stalled the stream");
+        assert!(
+            !third.is_finished(),
+            "a wait behind rooms being built gave up"
+        );
+        // A batch is built and waits for the client, which takes nothing: the wait for room
+        // gives up, and the watch fires.
+        first.send(batch(0));
+        let third = tokio::time::timeout(TIMEOUT * 10, third).await;
+        let third = third.expect("the wait gives up").unwrap();
+        assert_eq!(third.err(), Some(NoRoom::Stalled));
+        let stalled = tokio::time::timeout(TIMEOUT * 10, watch).await;
+        assert!(stalled.expect("the watch fires").unwrap().is_some());
+        // A room let go unsent is free again; the batch sent is there to take.
+        assert_eq!(
+            try_room(sender.clone(), &progress).err(),
+            Some(NoRoom::Full)
+        );
+        drop(second);
+        assert!(try_room(sender.clone(), &progress).is_ok());
+        assert_eq!(stream.next().await.unwrap().unwrap().step, 0);
     }
 
     #[tokio::test]

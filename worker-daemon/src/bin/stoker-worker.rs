@@ -50,11 +50,13 @@ struct Args {
     /// naming anything else are refused.
     #[arg(long = "data-root")]
     data_roots: Vec<PathBuf>,
-    /// Tasks leased ahead of the one being built; twice this many may be in flight at once
-    /// (building, or built and waiting for a place in their client's stream), split between
-    /// the coordinators of a fleet by the sessions waiting at each (each share rounded up, at
-    /// least one). Each client's stream queues up to 8 built batches besides, within the
-    /// credits that client granted, so a worker may hold that many more batches per client.
+    /// Tasks leased ahead of the one being built; twice this many batches may be built at
+    /// once, split between the coordinators of a fleet by the sessions waiting at each (each
+    /// share rounded up, at least one). A batch is built once its client's stream has room for
+    /// it: a task whose stream is full or not open yet waits for room aside, unbuilt, so a
+    /// client reading slowly holds up no other job. Each client's stream queues up to 8 built
+    /// batches, within the credits that client granted, so a worker may hold that many more
+    /// batches per client.
     /// At most 4096, the most a coordinator leases in one call (it refused more, and the
     /// worker registered again and again, serving nothing).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=4096))]
@@ -66,9 +68,9 @@ struct Args {
     report_interval_ms: u64,
     #[command(flatten)]
     security: SecurityArgs,
-    /// How long a finished batch waits for its client's stream to open, or for room in it while
-    /// the stream sends nothing, before it goes back to the queue; a stream that holds a batch
-    /// and sent nothing for that long is ended.
+    /// How long a task waits for its client's stream to open, or for room in it while the
+    /// stream sends nothing (its batch is built once there is room), before it goes back to the
+    /// queue; a stream that holds a batch and sent nothing for that long is ended.
     #[arg(long, default_value_t = DELIVERY_TIMEOUT.as_millis() as u64)]
     delivery_timeout_ms: u64,
     /// On SIGTERM or Ctrl-C: how long the worker may take to finish and deliver the batches it

@@ -1,85 +1,140 @@
-//! What a worker puts on a client's stream for a task (its batch, or the batch's error), each
-//! bounded by the worker's delivery timeout (to wait for the stream to open, and for room in its
-//! queue while the stream makes no progress): the outcome the coordinator is told (completed, or
+//! Where a worker puts what it has for a task: room in its client's stream, reserved before
+//! the batch is built (at once when the stream has some, else waited for on a task of its own,
+//! bounded by the worker's delivery timeout to wait for the stream to open, and for room in its
+//! queue while the stream makes no progress); the outcome the coordinator is told (completed, or
 //! unclaimed when the client had no stream or took nothing), and the drain's deadline such work
 //! is held to.
 
 use std::time::Duration;
 
 use stoker_proto::v1::TaskLease;
-use tonic::Status;
 
-use crate::client_stream::{queue, Item, Queued};
+use crate::client_stream::{room, try_room, Item, NoRoom, Room};
 
-use super::subscriptions::Found;
+use super::subscriptions::{Found, Key};
 use super::{Outcome, Shared};
 
 /// The drain's deadline once it has started (`None` before): by then the worker has finished,
 /// reported and left.
 pub(super) type Draining = tokio::sync::watch::Receiver<Option<tokio::time::Instant>>;
 
-/// Sends a batch's error to its client's stream: complete once it is in the stream, unclaimed
-/// when the client had no stream or took nothing (the step is tried again for it).
-pub(super) async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcome {
-    put_on_stream(shared, task, Err(status), "its error").await
+/// What a task's stream has for it now.
+pub(super) enum RoomNow {
+    /// Room, reserved: the batch may be built.
+    Here(Room),
+    /// None yet: the stream is not open, or its queue is full.
+    Later,
+    /// None ever: the task's outcome (no session, or its client's stream closed).
+    Never(Outcome),
 }
 
-/// Delivers a built batch to its client's stream, as [`send_error`] does an error; the wire's
-/// form only as it goes onto the stream.
-pub(super) async fn deliver(
+/// The session `task` is for, and why its item was not taken (`what` for the task).
+struct Target<'a> {
+    task: &'a TaskLease,
+    key: Key,
+    what: &'a str,
+}
+
+impl<'a> Target<'a> {
+    fn of(task: &'a TaskLease, what: &'a str) -> Result<Self, Outcome> {
+        let Some(token) = &task.session else {
+            return Err(Outcome::Failed(
+                task.lease_id,
+                "lease without a session".into(),
+            ));
+        };
+        let key = super::subscriptions::key_of(token);
+        Ok(Self { task, key, what })
+    }
+
+    fn session(&self) -> u64 {
+        self.key.1
+    }
+
+    fn unclaimed(&self, why: String) -> Outcome {
+        let what = self.what;
+        Outcome::Unclaimed(self.task.lease_id, format!("{what} was not taken: {why}"))
+    }
+
+    /// The stream of this opening closed: the client opened its session again (this lease is
+    /// stale) or ended.
+    fn gone(&self) -> Outcome {
+        self.unclaimed(format!(
+            "the stream of this opening of session {} closed (its client opened the session \
+             again, or ended)",
+            self.session()
+        ))
+    }
+
+    fn closed(&self) -> Outcome {
+        let session = self.session();
+        self.unclaimed(format!("the client of session {session} closed its stream"))
+    }
+}
+
+/// Room for `task`'s batch in its session's stream now, if there is some.
+pub(super) fn room_now(shared: &Shared, task: &TaskLease) -> RoomNow {
+    let target = match Target::of(task, "its batch") {
+        Ok(target) => target,
+        Err(outcome) => return RoomNow::Never(outcome),
+    };
+    match shared.find_subscription(&target.key) {
+        Found::Open(sender, progress) => match try_room(sender, &progress) {
+            Ok(room) => RoomNow::Here(room),
+            Err(NoRoom::Closed) => RoomNow::Never(target.closed()),
+            Err(_) => RoomNow::Later,
+        },
+        Found::Gone => RoomNow::Never(target.gone()),
+        Found::NotYet => RoomNow::Later,
+    }
+}
+
+/// Room for `task`'s item (`what`) in its session's stream, waiting for the stream to open and
+/// for room in it as [`room`] does; or the task's outcome when there is none: unclaimed when
+/// the client had no stream (or a stale opening's), closed it or took nothing, and then the
+/// stream is ended.
+pub(super) async fn room_for(
     shared: &Shared,
     task: &TaskLease,
-    batch: stoker_pipeline::Batch,
-) -> Outcome {
-    put_on_stream(shared, task, Ok(batch.into()), "its batch").await
-}
-
-/// Puts `item` (`what` for the task) on the stream of `task`'s session, waiting for it to open
-/// and for room in it as [`queue`] does: complete once in the stream, unclaimed when the
-/// client had none (or a stale opening's), closed it or took nothing, and then the stream is
-/// ended.
-async fn put_on_stream(shared: &Shared, task: &TaskLease, item: Item, what: &str) -> Outcome {
-    let Some(token) = &task.session else {
-        return Outcome::Failed(task.lease_id, "lease without a session".into());
-    };
-    let key = super::subscriptions::key_of(token);
+    what: &str,
+) -> Result<Room, Outcome> {
+    let target = Target::of(task, what)?;
     let wait = shared.delivery_timeout;
-    let session = token.session_id;
-    let unclaimed =
-        |why: String| Outcome::Unclaimed(task.lease_id, format!("{what} was not taken: {why}"));
-    let (sender, progress) = match shared.subscription(key, wait).await {
+    let session = target.session();
+    let (sender, progress) = match shared.subscription(target.key, wait).await {
         Found::Open(sender, progress) => (sender, progress),
-        // The client opened its session again (this lease is stale) or ended.
-        Found::Gone => {
-            return unclaimed(format!(
-                "the stream of this opening of session {session} closed (its client opened \
-                 the session again, or ended)"
-            ))
-        }
+        Found::Gone => return Err(target.gone()),
         Found::NotYet => {
-            return unclaimed(format!(
+            return Err(target.unclaimed(format!(
                 "no stream from the client of session {session} within {wait:?}"
-            ))
+            )))
         }
     };
-    match queue(&sender, &progress, item, wait).await {
-        Queued::Done => Outcome::Completed(task.lease_id),
-        Queued::Closed => unclaimed(format!("the client of session {session} closed its stream")),
-        Queued::Stalled => {
-            // Said once per stream: the deliveries waiting beside this one end it too.
-            if shared.end_subscription(key, &sender) {
+    match room(&sender, &progress, wait).await {
+        Ok(room) => Ok(room),
+        Err(NoRoom::Stalled) => {
+            // Said once per stream: the tasks waiting beside this one end it too.
+            if shared.end_subscription(target.key, &sender) {
                 tracing::warn!(
                     session,
                     waited = ?wait,
                     "client stream sent nothing within the delivery timeout; ending it"
                 );
             }
-            unclaimed(format!(
+            Err(target.unclaimed(format!(
                 "the client of session {session} read nothing of its stream within {wait:?}; \
                  its stream is ended"
-            ))
+            )))
         }
+        Err(_) => Err(target.closed()),
     }
+}
+
+/// Puts `item` (a built batch in the wire's form, or its error) in the `room` reserved for
+/// `task`: complete.
+pub(super) fn put(room: Room, task: &TaskLease, item: Item) -> Outcome {
+    room.send(item);
+    Outcome::Completed(task.lease_id)
 }
 
 /// When deliveries must be done once the drain has started: its deadline less `reserve`.

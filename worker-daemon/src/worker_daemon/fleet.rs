@@ -61,6 +61,7 @@ async fn first_panic(mut set: tokio::task::JoinSet<()>) -> Result<(), String> {
 
 /// A coordinator of the worker's list: its place (job ids are its own), its address, the
 /// registrations the probes read, and the shares of the worker's deliveries.
+#[derive(Clone)]
 pub(super) struct Place {
     pub(super) index: usize,
     pub(super) address: String,

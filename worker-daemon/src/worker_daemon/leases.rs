@@ -1,8 +1,9 @@
 //! The worker's side of the control plane: register with the coordinator, lease tasks (on the
-//! lease stream, `stoker_rpc::lease_calls`; each lease carrying the outcomes finished since the last), build each batch on the decode
-//! pool, deliver it to its client's stream; heartbeats and the other reports on their own
-//! cadence (`reports.rs`); register again when the coordinator is lost or restarted; on the
-//! drain, finish what is held, report it and leave.
+//! lease stream, `stoker_rpc::lease_calls`; each lease carrying the outcomes finished since the
+//! last), build each batch on the decode pool once its client's stream has room for it, and put
+//! it there; heartbeats and the other reports on their own cadence (`reports.rs`); register
+//! again when the coordinator is lost or restarted; on the drain, finish what is held, report
+//! it and leave.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ use stoker_rpc::lease_calls::LeaseCalls;
 use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
-use super::delivery::{before_drain_due, deliver, send_error, Draining};
+use super::delivery::{before_drain_due, put, room_for, room_now, Draining, RoomNow};
 use super::fleet::Place;
 use super::opening::{this_workers_own, OpenBackoff, Opened, Openings, Unopened};
 use super::own_failures::{note_build, BuildEnd, OwnFailures, OWN_FAILURES_PER_STEP};
@@ -26,6 +27,7 @@ use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
 use super::{lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
+use crate::client_stream::Room;
 
 /// How a spell of leasing from one registration ended.
 enum Ended {
@@ -204,25 +206,31 @@ async fn serve_leases(
         config.report_interval,
         lost_tx,
     ));
-    // Deliveries in flight: each holds one finished batch. This coordinator's part of them is
-    // the fleet's share (all of them with one coordinator).
+    // Deliveries in flight: each a batch being built and put in its client's stream (reserved
+    // room first). This coordinator's part of them is the fleet's share (all of them with one
+    // coordinator).
     let most_deliveries = config.lease_ahead.max(1).saturating_mul(2);
     let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
+    // How the builds of tasks served aside ended, for the pauses of their jobs.
+    let (ends_tx, mut ends) = mpsc::unbounded_channel();
+    // Each task served aside holds a sender: the drain waits until none is left.
+    let (in_flight, mut all_done) = mpsc::channel::<()>(1);
     // Of the drain's time, what is kept for the last report and the leave.
     let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
     let mut open_backoff = OpenBackoff::default();
     let mut leases = LeaseCalls::new(client.clone());
     let mut openings = Openings::new(place.index, config.lease_ahead as usize);
-    let own_failures = OwnFailures::default();
     let serving = Serving {
-        shared,
-        place,
-        deliveries: &deliveries,
+        shared: shared.clone(),
+        place: place.clone(),
+        deliveries: deliveries.clone(),
         most_deliveries,
-        draining: &draining,
+        draining: draining.clone(),
         reserve,
-        outcomes: &outcomes_tx,
-        own_failures: &own_failures,
+        outcomes: outcomes_tx.downgrade(),
+        own_failures: Arc::new(OwnFailures::default()),
+        ends: ends_tx,
+        _in_flight: in_flight,
     };
     let status = loop {
         if draining.borrow().is_some() {
@@ -230,6 +238,9 @@ async fn serve_leases(
         }
         if let Ok(status) = lost_rx.try_recv() {
             break Some(status);
+        }
+        while let Ok((job, end)) = ends.try_recv() {
+            note_build(&mut open_backoff, job, end);
         }
         let report = take_report(worker_id, shared, &unreported);
         let counts = report.as_ref().map(|r| (r.bad_samples, r.busy_ns));
@@ -272,8 +283,9 @@ async fn serve_leases(
                             continue;
                         }
                         served = true;
-                        let end = serving.build(entry.clone(), task).await;
-                        note_build(&mut open_backoff, job, end);
+                        if let Some(end) = serving.serve(entry.clone(), task).await {
+                            note_build(&mut open_backoff, job, end);
+                        }
                     }
                 }
                 Err(unopened) => {
@@ -306,8 +318,9 @@ async fn serve_leases(
             match openings.open_or_wait(shared, &client, task) {
                 Opened::Ready(entry, task) => {
                     served = true;
-                    let end = serving.build(entry, task).await;
-                    note_build(&mut open_backoff, job, end);
+                    if let Some(end) = serving.serve(entry, task).await {
+                        note_build(&mut open_backoff, job, end);
+                    }
                 }
                 Opened::Waiting => served = true,
                 Opened::Full(task) => {
@@ -337,20 +350,25 @@ async fn serve_leases(
         let reason = "the worker is stopping; the job's datasets were still opening";
         let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.into()));
     }
-    // The drain, by its deadline (the loop ends here only once it has one): the deliveries,
-    // then the last report, then the leave, each by a point of its own, the last a little
-    // before the deadline so the daemon is not cut off mid-leave. The heartbeats go on, so the
-    // leases held stay this worker's meanwhile.
+    // The drain, by its deadline (the loop ends here only once it has one): the tasks served
+    // aside, then the last report, then the leave, each by a point of its own, the last a
+    // little before the deadline so the daemon is not cut off mid-leave. The tasks served
+    // aside hand theirs back when the deadline less `reserve` comes: they are waited for a
+    // little past it, so those go in the last report. The heartbeats go on, so the leases held
+    // stay this worker's meanwhile.
     let deadline =
         (*draining.borrow()).unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
     let by = |left: Duration| deadline.checked_sub(left).unwrap_or(deadline);
-    let delivered = tokio::time::timeout_at(by(reserve), deliveries.acquire_many(most_deliveries))
+    drop(serving);
+    let delivered = tokio::time::timeout_at(by(reserve * 3 / 4), all_done.recv())
         .await
-        .is_ok_and(|permits| permits.is_ok());
+        .is_ok();
     if !delivered {
-        tracing::warn!("deliveries still waiting on their clients; the coordinator gets them back");
+        tracing::warn!(
+            "tasks still waiting on their clients' streams; the coordinator gets them back"
+        );
     }
-    // The deliveries still waiting hold no sender: the reporter sends what came and ends.
+    // The tasks still waiting hold no sender: the reporter sends what came and ends.
     drop(outcomes_tx);
     let reported = tokio::time::timeout_at(by(reserve / 2), reporter)
         .await
@@ -376,31 +394,76 @@ async fn serve_leases(
     Ended::Drained
 }
 
-/// What a spell of leasing serves its tasks with.
-struct Serving<'a> {
-    shared: &'a Arc<Shared>,
-    place: &'a Place,
-    deliveries: &'a Arc<Semaphore>,
+/// What a spell of leasing serves its tasks with; the tasks served aside hold a copy.
+#[derive(Clone)]
+struct Serving {
+    shared: Arc<Shared>,
+    place: Place,
+    deliveries: Arc<Semaphore>,
     most_deliveries: u32,
-    draining: &'a Draining,
+    draining: Draining,
     reserve: Duration,
-    outcomes: &'a mpsc::UnboundedSender<Outcome>,
-    own_failures: &'a OwnFailures,
+    /// The reporter's: work still waiting once the drain is done holds none, so the reporter
+    /// sends what came and ends.
+    outcomes: mpsc::WeakUnboundedSender<Outcome>,
+    own_failures: Arc<OwnFailures>,
+    /// How the builds of tasks served aside ended, by job.
+    ends: mpsc::UnboundedSender<(u64, BuildEnd)>,
+    /// Held by each task served aside: the drain waits until none is left.
+    _in_flight: mpsc::Sender<()>,
 }
 
-impl Serving<'_> {
+impl Serving {
+    /// Tells the coordinator `outcome` in the next report, unless the spell is over.
+    fn outcome(&self, outcome: Outcome) {
+        if let Some(outcomes) = self.outcomes.upgrade() {
+            let _ = outcomes.send(outcome);
+        }
+    }
+
     /// `task` goes back to the coordinator for another worker: the drain's time for
     /// deliveries is up.
     fn handed_back(&self, task: &TaskLease) {
-        let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, STOPPING.into()));
+        self.outcome(Outcome::Failed(task.lease_id, STOPPING.into()));
+    }
+
+    /// Serves `task` of a job open here: its batch is built once its client's stream has room
+    /// for it. With room now, in the loop (how it ended); else on a task of its own that waits
+    /// for room and then builds, while the loop leases and builds on (`None`; the loop hears
+    /// how it ended through `ends`). So a client reading slowly holds no delivery of the
+    /// worker's while its queue is full, and other jobs go on at the worker's pace.
+    async fn serve(&self, entry: Arc<JobEntry>, task: TaskLease) -> Option<BuildEnd> {
+        match room_now(&self.shared, &task) {
+            RoomNow::Here(room) => Some(self.build(entry, task, room).await),
+            RoomNow::Never(outcome) => {
+                self.outcome(outcome);
+                Some(BuildEnd::Unclaimed)
+            }
+            RoomNow::Later => {
+                let serving = self.clone();
+                tokio::spawn(async move {
+                    let (job, draining) = (task.job_id, serving.draining.clone());
+                    let room = room_for(&serving.shared, &task, "its batch");
+                    match before_drain_due(room, draining, serving.reserve).await {
+                        None => serving.handed_back(&task),
+                        Some(Err(outcome)) => serving.outcome(outcome),
+                        Some(Ok(room)) => {
+                            let end = serving.build(entry, task, room).await;
+                            let _ = serving.ends.send((job, end));
+                        }
+                    }
+                });
+                None
+            }
+        }
     }
 
     /// Builds `task`'s batch on the decode pool once the loop's deliveries in flight are under
-    /// its share, and delivers it on a task of its own (or sends its error to the client, or
-    /// hands the task back when the failure is this worker's own).
-    async fn build(&self, entry: Arc<JobEntry>, task: TaskLease) -> BuildEnd {
-        let (shared, draining) = (self.shared, self.draining);
-        let permit = share_permit(self.deliveries, self.most_deliveries, self.place);
+    /// its share, and puts it in the `room` reserved for it in its client's stream (or its
+    /// error, or hands the task back when the failure is this worker's own).
+    async fn build(&self, entry: Arc<JobEntry>, task: TaskLease, room: Room) -> BuildEnd {
+        let (shared, draining) = (&self.shared, &self.draining);
+        let permit = share_permit(&self.deliveries, self.most_deliveries, &self.place);
         let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), self.reserve).await
         else {
             self.handed_back(&task);
@@ -417,11 +480,7 @@ impl Serving<'_> {
         };
         let status = match built {
             Ok(Ok(batch)) => {
-                let shared = shared.clone();
-                self.spawn_sending(
-                    Some(permit),
-                    async move { deliver(&shared, &task, batch).await },
-                );
+                self.outcome(put(room, &task, Ok(batch.into())));
                 return BuildEnd::Built;
             }
             // This worker's disk, mount, store access or machine failed it: another worker
@@ -430,7 +489,7 @@ impl Serving<'_> {
                 if this_workers_own(&error) && self.own_failures.hand_back_again(&task) =>
             {
                 let reason = format!("the worker could not build the batch: {error}");
-                let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason.clone()));
+                self.outcome(Outcome::Failed(task.lease_id, reason.clone()));
                 return BuildEnd::HandedBack(reason);
             }
             // Not UNAVAILABLE: the client would take it for a lost stream, the step leased again.
@@ -452,40 +511,11 @@ impl Serving<'_> {
             // hears of it, as of a decode thread's panic in-process.
             Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
         };
-        // Marked with its step: the client fails that step alone and reads on. An error holds
-        // no batch: it waits for its client without a delivery permit (other jobs' batches
-        // take them), by the drain's deadline.
         drop(permit);
+        // Marked with its step: the client fails that step alone and reads on.
         let status = error_kinds::failed_step_of(status, task.step);
-        let (shared, draining, reserve) = (shared.clone(), draining.clone(), self.reserve);
-        self.spawn_sending(None, async move {
-            let sent = send_error(&shared, &task, status);
-            let stopping = || Outcome::Failed(task.lease_id, STOPPING.into());
-            before_drain_due(sent, draining, reserve)
-                .await
-                .unwrap_or_else(stopping)
-        });
+        self.outcome(put(room, &task, Err(status)));
         BuildEnd::Told
-    }
-
-    /// Runs `sending` (a batch's delivery or its error) on a task of its own, holding `permit`
-    /// (a delivery in flight) if given: the loop leases and builds on meanwhile, whatever the
-    /// client's stream makes it wait. Its outcome is reported while the lease loop runs, or
-    /// the drain waits for the deliveries' permits (not for a send holding none); one still
-    /// waiting when the drain is done goes back with the leave instead.
-    fn spawn_sending(
-        &self,
-        permit: Option<OwnedSemaphorePermit>,
-        sending: impl std::future::Future<Output = Outcome> + Send + 'static,
-    ) {
-        let outcomes = self.outcomes.downgrade();
-        tokio::spawn(async move {
-            let outcome = sending.await;
-            if let Some(outcomes) = outcomes.upgrade() {
-                let _ = outcomes.send(outcome);
-            }
-            drop(permit);
-        });
     }
 
     /// `task`'s job did not open on this worker. A dataset that will not open here (gone from
@@ -497,16 +527,18 @@ impl Serving<'_> {
     fn unopened(&self, unopened: &Unopened, reason: &str, task: TaskLease) {
         let handed_back = Outcome::Failed(task.lease_id, reason.to_string());
         let Unopened::Refused(status) = unopened else {
-            let _ = (self.outcomes).send(handed_back);
+            self.outcome(handed_back);
             return;
         };
         let status = error_kinds::job_unopened(status.clone());
-        let (shared, draining, reserve) =
-            (self.shared.clone(), self.draining.clone(), self.reserve);
-        self.spawn_sending(None, async move {
-            let sent = send_error(&shared, &task, status);
-            let _ = before_drain_due(sent, draining, reserve).await;
-            handed_back
+        let serving = self.clone();
+        tokio::spawn(async move {
+            let room = room_for(&serving.shared, &task, "its error");
+            let room = before_drain_due(room, serving.draining.clone(), serving.reserve).await;
+            if let Some(Ok(room)) = room {
+                room.send(Err(status));
+            }
+            serving.outcome(handed_back);
         });
     }
 }

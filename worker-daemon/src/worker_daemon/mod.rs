@@ -287,6 +287,11 @@ impl Shared {
         lock(&self.subscriptions).end_stalled(key, sender)
     }
 
+    /// What the stream of `key` is now.
+    fn find_subscription(&self, key: &Key) -> Found {
+        lock(&self.subscriptions).find(key)
+    }
+
     /// Waits until the client of `key` has opened its stream, up to `wait` (`NotYet` past it);
     /// `Gone` at once when the stream it opened has closed.
     async fn subscription(&self, key: Key, wait: Duration) -> Found {
@@ -297,8 +302,7 @@ impl Shared {
             notified.as_mut().enable();
             match lock(&self.subscriptions).find(&key) {
                 // Gone: its process died, or it lost the stream and opens its session again,
-                // which grants the step again (this lease is then stale). Waiting would hold
-                // one of the worker's delivery permits, which other jobs' batches wait for.
+                // which grants the step again (this lease is then stale): nothing to wait for.
                 Found::NotYet => {}
                 found => return found,
             }

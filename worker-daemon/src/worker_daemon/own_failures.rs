@@ -21,6 +21,8 @@ pub(super) enum BuildEnd {
     HandedBack(String),
     /// Handed back: the drain's time is up.
     Stopping,
+    /// Not built: its client's stream is gone.
+    Unclaimed,
 }
 
 /// What a build's end means for the job's next tries on this worker: a failure of its own
@@ -39,7 +41,7 @@ pub(super) fn note_build(backoff: &mut OpenBackoff, job: u64, end: BuildEnd) {
             );
         }
         BuildEnd::Built => backoff.opened(job),
-        BuildEnd::Told | BuildEnd::Stopping => {}
+        BuildEnd::Told | BuildEnd::Stopping | BuildEnd::Unclaimed => {}
     }
 }
 

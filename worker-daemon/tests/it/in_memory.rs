@@ -660,6 +660,69 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
     Ok(())
 }
 
+/// A client that reads its stream slowly but steadily (one 6 MiB batch every 2 s: never
+/// stalled) holds up no other job's epoch on the worker: a batch is built once its stream has
+/// room for it, and the tasks waiting for room wait aside, holding none of the worker's
+/// delivery permits. Before, each of the four permits held a built batch waiting for room in
+/// the slow stream's full queue, and every other job went at that client's pace (one batch a
+/// permit freed, every 2 s).
+#[test]
+fn a_slow_reader_holds_up_no_other_jobs_epoch() -> TestResult {
+    let (data, _state, network, _cluster) =
+        one_worker_with(|config| config.delivery_timeout = Duration::from_secs(10))?;
+    // The slow client's reader runs beside the live epoch, on a runtime of its own.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (read, read_rx) = std::sync::mpsc::channel();
+    runtime.block_on(async {
+        let slow = JobSpec {
+            pipeline: stoker_pipeline::presets::imagenet_train(1024),
+            batch_size: 2,
+            ..spec(data.path())
+        };
+        let (mut client, job_id, session) = session_of(&network, slow).await?;
+        let security = ClientSecurity::new(None, None, None)?;
+        let mut worker = proto::worker_data_client::WorkerDataClient::new(
+            Network::Memory(network.clone()).channel(WORKER, &security)?,
+        )
+        .max_decoding_message_size(stoker_rpc::transport::MAX_MESSAGE_BYTES);
+        let mut stream = worker
+            .subscribe(proto::SubscribeRequest { session, job_id })
+            .await?
+            .into_inner();
+        grant(&mut client, session, 30).await?;
+        tokio::spawn(async move {
+            let _keep = (client, worker);
+            loop {
+                let message = stream.message().await;
+                let done = !matches!(message, Ok(Some(_)));
+                let read_one = message
+                    .map(|m| m.is_some())
+                    .map_err(|status| status.to_string());
+                if read.send(read_one).is_err() || done {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    // Its queue and the worker's permits fill first.
+    let first = read_rx.recv_timeout(Duration::from_secs(20))?;
+    assert_eq!(first, Ok(true));
+    std::thread::sleep(Duration::from_secs(3));
+    live_epoch_in_time(&network, data.path(), "a slow reader")?;
+    // The slow client is served all along: its stream never ended for a stall.
+    let mut read: Vec<_> = read_rx.try_iter().collect();
+    for _ in 0..2 {
+        read.push(read_rx.recv_timeout(Duration::from_secs(10))?);
+    }
+    assert!(read.iter().all(|r| r == &Ok(true)), "{read:?}");
+    Ok(())
+}
+
 /// A client whose batches all fail (every sample corrupt, the fail policy) and who never opens
 /// its stream holds up no other job's epoch on the worker: each error waits for that client's
 /// stream on a task of its own, without one of the worker's delivery permits (an error holds
