@@ -79,11 +79,13 @@ impl Room {
         }
     }
 
-    /// Puts `item` in the room: it waits in the queue for the data server.
-    pub(super) fn send(mut self, item: Item) {
-        if let Some(permit) = self.permit.take() {
-            permit.send(item);
-        }
+    /// Puts `item` in the room: it waits in the queue for the data server. Whether the stream
+    /// was still open (its client may have closed it while the batch was built: the item is
+    /// then dropped).
+    pub(super) fn send(mut self, item: Item) -> bool {
+        self.permit
+            .take()
+            .is_some_and(|permit| !permit.send(item).is_closed())
     }
 }
 
@@ -277,7 +279,7 @@ mod tests {
     ) -> Result<(), NoRoom> {
         room(sender, progress, wait)
             .await
-            .map(|room| room.send(item))
+            .map(|room| assert!(room.send(item), "the stream is open"))
     }
 
     #[tokio::test]
@@ -380,7 +382,7 @@ mod tests {
         );
         // A batch is built and waits for the client, which takes nothing: the wait for room
         // gives up, and the watch fires.
-        first.send(batch(0));
+        assert!(first.send(batch(0)));
         let third = tokio::time::timeout(TIMEOUT * 10, third).await;
         let third = third.expect("the wait gives up").unwrap();
         assert_eq!(third.err(), Some(NoRoom::Stalled));
@@ -392,8 +394,11 @@ mod tests {
             Some(NoRoom::Full)
         );
         drop(second);
-        assert!(try_room(sender.clone(), &progress).is_ok());
+        let fourth = try_room(sender.clone(), &progress).expect("room again");
         assert_eq!(stream.next().await.unwrap().unwrap().step, 0);
+        // The client closes the stream while a batch is built: its room says it was not taken.
+        drop(stream);
+        assert!(!fourth.send(batch(1)));
     }
 
     #[tokio::test]

@@ -131,10 +131,15 @@ pub(super) async fn room_for(
 }
 
 /// Puts `item` (a built batch in the wire's form, or its error) in the `room` reserved for
-/// `task`: complete.
+/// `task`: complete, or unclaimed when the client closed the stream while the batch was built.
 pub(super) fn put(room: Room, task: &TaskLease, item: Item) -> Outcome {
-    room.send(item);
-    Outcome::Completed(task.lease_id)
+    if room.send(item) {
+        return Outcome::Completed(task.lease_id);
+    }
+    match Target::of(task, "its batch") {
+        Ok(target) => target.closed(),
+        Err(outcome) => outcome,
+    }
 }
 
 /// When deliveries must be done once the drain has started: its deadline less `reserve`.

@@ -51,24 +51,43 @@ const OPENING_RECHECK: Duration = Duration::from_millis(250);
 /// shares again (they move with what the other coordinators say).
 const SHARE_RECHECK: Duration = Duration::from_millis(100);
 
-/// A permit of `deliveries` (`most` in all) for the next task of `place`'s loop, taken once
-/// the loop's deliveries in flight are under the coordinator's share of the worker
-/// ([`Shares`](super::fleet::Shares); all of them with one coordinator).
-async fn share_permit(
-    deliveries: &Arc<Semaphore>,
+/// One loop's deliveries in flight: each a batch being built and put in its client's stream
+/// (room reserved first), `most` at a time.
+struct Deliveries {
+    permits: Arc<Semaphore>,
     most: u32,
-    place: &Place,
-) -> Result<OwnedSemaphorePermit, AcquireError> {
-    loop {
-        let in_flight = most.saturating_sub(deliveries.available_permits() as u32);
-        let share = place.shares.cap(place.index).min(most);
-        if in_flight < share {
-            return deliveries.clone().acquire_owned().await;
+    /// Taken to look at the share and take a permit: the tasks served aside ask beside the
+    /// loop, on other threads, and each must see the permits the others took (else two that
+    /// look at once both take one over the share; a window too short for a test to open).
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Deliveries {
+    fn new(most: u32) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(most as usize)),
+            most,
+            turn: tokio::sync::Mutex::new(()),
         }
-        // The share is taken: look again once one of the loop's deliveries ends, or after a
-        // while (the shares may have moved meanwhile).
-        let freed = deliveries.acquire_many(most - share + 1);
-        let _ = tokio::time::timeout(SHARE_RECHECK, freed).await;
+    }
+
+    /// A permit for the next task of `place`'s loop, taken once the loop's deliveries in
+    /// flight are under the coordinator's share of the worker
+    /// ([`Shares`](super::fleet::Shares); all of them with one coordinator).
+    async fn share_permit(&self, place: &Place) -> Result<OwnedSemaphorePermit, AcquireError> {
+        let (permits, most) = (&self.permits, self.most);
+        let _turn = self.turn.lock().await;
+        loop {
+            let in_flight = most.saturating_sub(permits.available_permits() as u32);
+            let share = place.shares.cap(place.index).min(most);
+            if in_flight < share {
+                return permits.clone().acquire_owned().await;
+            }
+            // The share is taken: look again once one of the loop's deliveries ends, or after
+            // a while (the shares may have moved meanwhile).
+            let freed = permits.acquire_many(most - share + 1);
+            let _ = tokio::time::timeout(SHARE_RECHECK, freed).await;
+        }
     }
 }
 
@@ -209,8 +228,7 @@ async fn serve_leases(
     // Deliveries in flight: each a batch being built and put in its client's stream (reserved
     // room first). This coordinator's part of them is the fleet's share (all of them with one
     // coordinator).
-    let most_deliveries = config.lease_ahead.max(1).saturating_mul(2);
-    let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
+    let deliveries = Arc::new(Deliveries::new(config.lease_ahead.max(1).saturating_mul(2)));
     // How the builds of tasks served aside ended, for the pauses of their jobs.
     let (ends_tx, mut ends) = mpsc::unbounded_channel();
     // Each task served aside holds a sender: the drain waits until none is left.
@@ -223,8 +241,7 @@ async fn serve_leases(
     let serving = Serving {
         shared: shared.clone(),
         place: place.clone(),
-        deliveries: deliveries.clone(),
-        most_deliveries,
+        deliveries,
         draining: draining.clone(),
         reserve,
         outcomes: outcomes_tx.downgrade(),
@@ -399,8 +416,7 @@ async fn serve_leases(
 struct Serving {
     shared: Arc<Shared>,
     place: Place,
-    deliveries: Arc<Semaphore>,
-    most_deliveries: u32,
+    deliveries: Arc<Deliveries>,
     draining: Draining,
     reserve: Duration,
     /// The reporter's: work still waiting once the drain is done holds none, so the reporter
@@ -463,7 +479,7 @@ impl Serving {
     /// error, or hands the task back when the failure is this worker's own).
     async fn build(&self, entry: Arc<JobEntry>, task: TaskLease, room: Room) -> BuildEnd {
         let (shared, draining) = (&self.shared, &self.draining);
-        let permit = share_permit(&self.deliveries, self.most_deliveries, &self.place);
+        let permit = self.deliveries.share_permit(&self.place);
         let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), self.reserve).await
         else {
             self.handed_back(&task);
@@ -570,32 +586,33 @@ mod tests {
         // Three sessions wait at the second coordinator for each one at the first.
         shares.note(0, 1);
         shares.note(1, 3);
-        let deliveries = Arc::new(Semaphore::new(4));
-        let held = share_permit(&deliveries, 4, &first)
+        let deliveries = Deliveries::new(4);
+        let held = deliveries
+            .share_permit(&first)
             .await
             .expect("under its share");
-        let waits = tokio::time::timeout(SHARE_RECHECK * 3, share_permit(&deliveries, 4, &first));
+        let waits = tokio::time::timeout(SHARE_RECHECK * 3, deliveries.share_permit(&first));
         assert!(waits.await.is_err(), "its one delivery is its whole share");
         // The other coordinator's loop (its own deliveries) starts three.
-        let others = Arc::new(Semaphore::new(4));
+        let others = Deliveries::new(4);
         let mut started = Vec::new();
         for _ in 0..3 {
-            started.push(share_permit(&others, 4, &second).await.expect("a permit"));
+            started.push(others.share_permit(&second).await.expect("a permit"));
         }
-        let fourth = tokio::time::timeout(SHARE_RECHECK * 3, share_permit(&others, 4, &second));
+        let fourth = tokio::time::timeout(SHARE_RECHECK * 3, others.share_permit(&second));
         assert!(fourth.await.is_err(), "three are its share");
         // A delivery ends: the next task starts, and the one after it waits again.
         drop(held);
         let soon = SHARE_RECHECK * 10;
-        let next = tokio::time::timeout(soon, share_permit(&deliveries, 4, &first)).await;
+        let next = tokio::time::timeout(soon, deliveries.share_permit(&first)).await;
         let next = next
             .expect("started once a delivery ended")
             .expect("a permit");
-        let over = tokio::time::timeout(SHARE_RECHECK * 3, share_permit(&deliveries, 4, &first));
+        let over = tokio::time::timeout(SHARE_RECHECK * 3, deliveries.share_permit(&first));
         assert!(over.await.is_err(), "still one");
         // Nothing waits at the second any more: the first may use the whole worker.
         shares.note(1, 0);
-        let more = tokio::time::timeout(soon, share_permit(&deliveries, 4, &first)).await;
+        let more = tokio::time::timeout(soon, deliveries.share_permit(&first)).await;
         let more = more.expect("the shares moved").expect("a permit");
         drop((next, more, started));
     }

@@ -20,11 +20,12 @@
 //! - Given a fleet's list of coordinators (jobs sharded over them, `stoker_rpc::shards`), it
 //!   runs this loop against each, over one decode pool, and keys the jobs it opened by the
 //!   coordinator's place in the list.
-//! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
-//!   client, or a stream that sends nothing: a client that stopped reading; one that reads a
-//!   large batch slowly sends a frame at a time) is reported unclaimed and goes back to the
-//!   queue (without the session's credit); a stream that holds a batch and sent nothing for
-//!   that long is ended, whether or not a delivery waits on it
+//! - A batch is built once room for it is reserved in its client's stream. A task that finds
+//!   none within [`WorkerConfig::delivery_timeout`] (no stream from the client, or a stream
+//!   that sends nothing: a client that stopped reading; one that reads a large batch slowly
+//!   sends a frame at a time) is reported unclaimed and goes back to the queue (without the
+//!   session's credit); a stream that holds a batch and sent nothing for that long is ended,
+//!   whether or not a task waits on it
 //!   (`client_stream`), so it holds at most its queue of batches meanwhile. Such a stream ends with `UNAVAILABLE` after what it queued,
 //!   and its client opens its session again (the batches it did not take were requeued with
 //!   their credits spent); the drain's streams end cleanly.
@@ -102,8 +103,8 @@ pub struct WorkerConfig {
     pub threads: usize,
     /// Folders datasets may be read from.
     pub data_roots: Vec<PathBuf>,
-    /// Tasks leased ahead of the one being built; twice this many deliveries may be in flight
-    /// at once, over all the coordinators.
+    /// Tasks leased ahead of the one being built; twice this many batches may be built at once,
+    /// over all the coordinators (a task waiting for room in its client's stream is not one).
     pub lease_ahead: u32,
     /// Least time between two reports of the leases' outcomes: what finishes meanwhile goes in
     /// one report, or with the next lease call when that comes first.
@@ -114,9 +115,9 @@ pub struct WorkerConfig {
     pub client_security: ClientSecurity,
     /// Where the coordinator's address leads (sockets; an in-memory network in tests).
     pub network: Network,
-    /// How long a finished batch waits for its client's stream to open, or for room in it while
-    /// the stream sends nothing, before it is reported failed (and a stream that sent nothing
-    /// is ended).
+    /// How long a task waits for its client's stream to open, or for room in it while the
+    /// stream sends nothing (its batch is built once there is room), before it is reported
+    /// unclaimed (and a stream that sent nothing is ended).
     pub delivery_timeout: Duration,
     /// Once told to stop, how long the worker may take to finish the leases it holds, leave
     /// the coordinator and send what its clients' streams hold; it stops then in any case.

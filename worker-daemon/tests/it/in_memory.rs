@@ -627,7 +627,7 @@ fn live_epoch_in_time(network: &MemoryNetwork, data: &Path, beside: &str) -> Tes
 
 /// A client that dies after opening its stream (the stream closes; its session stays open
 /// until the coordinator's session timeout, and its credits keep its tasks leased) holds none of
-/// the worker's deliveries: each of its tasks comes back unclaimed as soon as it is built, so
+/// the worker's deliveries: each of its tasks comes back unclaimed at once, unbuilt, so
 /// another job's epoch on the same worker goes on. Before, each waited the whole delivery
 /// timeout (10 s here) for a stream that would never come, on one of the worker's four delivery
 /// permits: 16 such tasks held the worker for 40 s.
@@ -709,7 +709,7 @@ fn a_slow_reader_holds_up_no_other_jobs_epoch() -> TestResult {
         });
         Ok::<_, Box<dyn std::error::Error>>(())
     })?;
-    // Its queue and the worker's permits fill first.
+    // Its queue fills first, and its other tasks wait for room.
     let first = read_rx.recv_timeout(Duration::from_secs(20))?;
     assert_eq!(first, Ok(true));
     std::thread::sleep(Duration::from_secs(3));
@@ -723,12 +723,11 @@ fn a_slow_reader_holds_up_no_other_jobs_epoch() -> TestResult {
     Ok(())
 }
 
-/// A client whose batches all fail (every sample corrupt, the fail policy) and who never opens
-/// its stream holds up no other job's epoch on the worker: each error waits for that client's
-/// stream on a task of its own, without one of the worker's delivery permits (an error holds
-/// no batch; its eight errors outnumber the four permits). Before, the worker's lease loop
-/// waited for each (up to the delivery timeout, 10 s here, for a stream that never comes), and
-/// every job the worker served with it.
+/// A client whose batches all fail (every sample corrupt, the fail policy) and who opens its
+/// stream but reads nothing holds up no other job's epoch on the worker: each error goes into
+/// the room reserved for it in that client's stream (eight fill its queue), and the tasks
+/// after them wait for room aside. Before, the worker's lease loop waited for each error (up
+/// to the delivery timeout, 10 s here), and every job the worker served with it.
 #[test]
 fn a_batch_error_no_client_takes_holds_up_no_other_jobs_epoch() -> TestResult {
     let root = tempfile::tempdir()?;
@@ -752,16 +751,25 @@ fn a_batch_error_no_client_takes_holds_up_no_other_jobs_epoch() -> TestResult {
         |config| config.delivery_timeout = Duration::from_secs(10),
     )?;
     let failing = JobSpec {
-        batch_size: 2,
+        batch_size: 1,
         on_error: proto::BadSamplePolicy::Fail as i32,
         ..spec(&bad)
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let (mut client, _job, session) = session_of(&network, failing).await?;
-        grant(&mut client, session, 8).await
+    let _unread = runtime.block_on(async {
+        let (mut client, job_id, session) = session_of(&network, failing).await?;
+        let security = ClientSecurity::new(None, None, None)?;
+        let mut worker = proto::worker_data_client::WorkerDataClient::new(
+            Network::Memory(network.clone()).channel(WORKER, &security)?,
+        );
+        let stream = worker
+            .subscribe(proto::SubscribeRequest { session, job_id })
+            .await?
+            .into_inner();
+        grant(&mut client, session, 16).await?;
+        Ok::<_, Box<dyn std::error::Error>>((client, worker, stream))
     })?;
     live_epoch_in_time(&network, &good, "the failing job's errors")
 }
@@ -1387,7 +1395,7 @@ fn read_remote_epoch(
 
 #[test]
 fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
-    // One decode thread leasing 8 steps at a time; a finished batch waits for its client as
+    // One decode thread leasing 8 steps at a time; a task waits for its client's stream as
     // long as the test needs.
     let (data, _state, network, cluster) = one_worker_with(|config| {
         config.lease_ahead = 8;
