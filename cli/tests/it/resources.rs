@@ -14,7 +14,9 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, StructArray};
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{DataType, Field};
-use stoker_datasets::{write_tar_shards, SampleSource, TarShardsWriterOptions};
+use stoker_datasets::{
+    write_mds, write_tar_shards, MdsColumn, SampleSource, TarShardsWriterOptions,
+};
 use stoker_loader::{Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
 
@@ -136,6 +138,30 @@ fn write_hf_folder(dir: &Path, count: u64, shards: u64) {
     std::fs::write(dir.join("state.json"), state.to_string()).unwrap();
 }
 
+/// Writes `count` tiny samples as an MDS set `dir` of `per_shard` samples a shard, compressed
+/// by `compression` when given (as Streaming's `MDSWriter` writes them: an image column, an
+/// integer label).
+fn write_mds_set(dir: &Path, count: u64, per_shard: usize, compression: Option<&str>) {
+    let column = |name: &str, encoding: &str, size| MdsColumn {
+        name: name.into(),
+        encoding: encoding.into(),
+        size,
+    };
+    let columns = [
+        column("image", "png", None),
+        column("label", "int", Some(8)),
+    ];
+    let rows: Vec<Vec<Vec<u8>>> = (0..count)
+        .map(|index| {
+            vec![
+                tiny_png(index),
+                ((index % 10) as i64).to_le_bytes().to_vec(),
+            ]
+        })
+        .collect();
+    write_mds(dir, &columns, &rows, per_shard, compression).unwrap();
+}
+
 /// `stoker digest` over a whole epoch of `dir` (batches of 100), under `ulimit -n` when given.
 fn digest_run(dir: &Path, open_files: Option<u32>) -> Output {
     let stoker = env!("CARGO_BIN_EXE_stoker");
@@ -237,6 +263,33 @@ fn a_save_to_disk_folder_of_a_thousand_shards_reads_under_ulimit_256() {
     assert_eq!(
         digest, reference,
         "1,000 one-sample shards and the same samples in one shard differ"
+    );
+}
+
+/// Each compressed shard of an MDS set is decompressed once into the cache tier, and its copy
+/// was held there, locked, from open to drop: a descriptor a shard, so a set of more
+/// compressed shards than the descriptor limit failed to open ("Too many open files").
+#[test]
+fn a_compressed_mds_set_of_a_thousand_shards_reads_under_ulimit_256() {
+    let dir = tempfile::tempdir().unwrap();
+    let many = dir.path().join("many");
+    let one = dir.path().join("one");
+    write_mds_set(&many, 1000, 1, Some("zstd"));
+    write_mds_set(&one, 1000, 1000, None);
+
+    let (summary, digest) = summary_and_digest(&digest_run(&many, Some(256)));
+    assert!(
+        summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
+        "{summary}"
+    );
+    let (reference_summary, reference) = summary_and_digest(&digest_run(&one, None));
+    assert!(
+        reference_summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
+        "{reference_summary}"
+    );
+    assert_eq!(
+        digest, reference,
+        "1,000 compressed one-sample shards and the same samples in one shard differ"
     );
 }
 

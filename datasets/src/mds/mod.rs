@@ -1,6 +1,7 @@
 //! `MdsDataset`: Mosaic Streaming's MDS shards read in place: a folder holding `index.json` and
 //! the `shard.NNNNN.mds` files it lists (or `shard.NNNNN.mds.zstd` / `.gz`, decompressed once
-//! into the cache tier, as compressed JSONL files are).
+//! into the cache tier, as compressed JSONL files are; a copy is locked there only while it is
+//! made and opened, and made again if evicted, so a set holds no descriptor per shard).
 //!
 //! The layout, as Streaming's `MDSWriter` writes it (little-endian):
 //! - `index.json`: `{"version": 2, "shards": [...]}`, each shard `{"format": "mds", "version": 2,
@@ -29,7 +30,6 @@
 //! A prefix in a bucket reads the same (`remote.rs`), and an integer `ndarray` column is cut into
 //! token windows (`tokens.rs`).
 
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -40,7 +40,6 @@ use tracing::info;
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::label_checks;
-use crate::same_file::reopen_error;
 use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
 
@@ -293,13 +292,16 @@ impl MdsDataset {
             index,
             len: self.len,
         })?;
-        let pooled = FilePool::global()
-            .get_or_open(
-                key,
-                || File::open(&shard.read_from).map(PooledFile::plain),
-                is_out_of_descriptors,
-            )
-            .map_err(|error| reopen_error(&shard.path, &shard.read_from, error))?;
+        let pooled = FilePool::global().get_or_open(
+            key,
+            || shard.open_again().map(PooledFile::plain),
+            |error| match error {
+                Error::Io { source, .. } | Error::Cache { source, .. } => {
+                    is_out_of_descriptors(source)
+                }
+                _ => false,
+            },
+        )?;
         shard.check_unchanged(&pooled.file)?;
         let begin = u64::from(shard.offsets[local]);
         let end = u64::from(shard.offsets[local + 1]);

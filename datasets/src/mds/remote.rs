@@ -126,12 +126,14 @@ impl MdsDataset {
                     read_from: decompressed.path().to_path_buf(),
                     path,
                     copy: Some(decompressed),
+                    remake: None,
                 }
             } else {
                 ShardFile {
                     read_from: copy.path().to_path_buf(),
                     path,
                     copy: Some(copy),
+                    remake: None,
                 }
             };
             shards.push(Shard::open(file, entry.samples)?);

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::mds_error;
 use crate::error::{Error, Result};
-use crate::same_file::SameFile;
+use crate::same_file::{reopen_error, SameFile};
 use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
 
 /// One shard: where it is read from and its samples' offsets.
@@ -23,8 +23,35 @@ pub(super) struct Shard {
     pub(super) offsets: Vec<u32>,
     /// The file read from as it was opened: its device, inode and length.
     identity: SameFile,
-    /// The copy in the cache tier, locked while the shard is read.
-    _copy: Option<CachedObject>,
+    /// The copy in the cache tier: locked while the shard is read, or, when it can be made
+    /// again, let go of after the header is read (its room under the cap kept).
+    pub(super) _copy: Option<CachedObject>,
+    /// How the copy is made again once evicted.
+    remake: Option<Remake>,
+}
+
+/// How a local compressed shard's decompressed copy in the cache tier is made again: a set's
+/// copies are not held locked while it is open (a descriptor each: a set of more compressed
+/// shards than the descriptor limit could not be opened), so another reader's cap may evict
+/// one between two reads of it.
+pub(super) struct Remake {
+    /// The compressed file, and what it was when the set was opened.
+    source: PathBuf,
+    opened: SameFile,
+    compression: String,
+    options: ObjectCacheOptions,
+}
+
+impl Remake {
+    /// The copy, made again if it is not in the cache tier.
+    fn copy(&self) -> Result<CachedObject> {
+        derived_copy(
+            &self.options,
+            &self.source,
+            "decompressed",
+            &|source, out| decompress(&self.compression, source, &self.source, out),
+        )
+    }
 }
 
 /// Where a shard's bytes are, before its header is read.
@@ -35,6 +62,8 @@ pub(super) struct ShardFile {
     pub(super) read_from: PathBuf,
     /// What keeps `read_from` in the cache tier, when it lies there.
     pub(super) copy: Option<CachedObject>,
+    /// How that copy is made again once evicted, when it may be let go of.
+    pub(super) remake: Option<Remake>,
 }
 
 /// The file name `info` (`raw_data` or `zip_data`) gives, checked to lie inside the folder: a
@@ -158,18 +187,25 @@ pub(super) fn local_shard_file(
                 path: raw.clone(),
                 read_from: raw,
                 copy: None,
+                remake: None,
             })
         }
         (_, Some(zip)) => {
             let zip = root.join(zip);
             crate::referenced_files::check_data_file(&zip)?;
-            let copy = derived_copy(&options()?, &zip, "decompressed", &|source, out| {
-                decompress(&entry.compression, source, &zip, out)
-            })?;
+            let metadata = std::fs::metadata(&zip).map_err(|error| Error::io(&zip, error))?;
+            let remake = Remake {
+                source: zip.clone(),
+                opened: SameFile::of(&metadata),
+                compression: entry.compression.clone(),
+                options: options()?,
+            };
+            let copy = remake.copy()?;
             Ok(ShardFile {
                 read_from: copy.path().to_path_buf(),
                 path: zip,
                 copy: Some(copy),
+                remake: Some(remake),
             })
         }
         (raw, None) => Err(Error::io(
@@ -186,7 +222,8 @@ impl Shard {
         let ShardFile {
             path,
             read_from,
-            copy,
+            mut copy,
+            remake,
         } = shard;
         let file = File::open(&read_from).map_err(|error| Error::io(&path, error))?;
         let metadata = file.metadata().map_err(|error| Error::io(&path, error))?;
@@ -231,12 +268,16 @@ impl Shard {
                 ),
             ));
         }
+        if let (Some(copy), Some(_)) = (&mut copy, &remake) {
+            copy.release_lock();
+        }
         Ok(Shard {
             path,
             read_from,
             offsets,
             identity: SameFile::of(&metadata),
             _copy: copy,
+            remake,
         })
     }
 
@@ -247,7 +288,54 @@ impl Shard {
     /// then. The job stops, naming the file; never bad samples replaced. Its modification time
     /// is not compared (shards touched to keep a scratch purge away are the same); a shard
     /// rewritten in place at the same length is not told.
+    ///
+    /// A copy that can be made again is checked by its length only: made again (after an
+    /// eviction) from the same source, it is another file of the same bytes.
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
-        self.identity.check(file, &self.path)
+        if self.remake.is_none() {
+            return self.identity.check(file, &self.path);
+        }
+        let now = SameFile::of_file(file, &self.read_from)?;
+        if now.len() == self.identity.len() {
+            return Ok(());
+        }
+        Err(Error::FileReplaced {
+            path: self.path.clone(),
+            opened_len: self.identity.len(),
+            now_len: now.len(),
+        })
+    }
+
+    /// The shard's file opened again to read it: `read_from`, or, when that copy was evicted
+    /// from the cache tier, the copy made again from its source (its lock let go once it is
+    /// open: an eviction after that leaves the open file readable). A source replaced or
+    /// removed since the set was opened stops the job, naming it.
+    pub(super) fn open_again(&self) -> Result<File> {
+        let error = match File::open(&self.read_from) {
+            Ok(file) => return Ok(file),
+            Err(error) => error,
+        };
+        let Some(remake) = &self.remake else {
+            return Err(reopen_error(&self.path, &self.read_from, error));
+        };
+        if error.kind() != std::io::ErrorKind::NotFound {
+            return Err(reopen_error(&self.path, &self.read_from, error));
+        }
+        let source = std::fs::metadata(&remake.source)
+            .map_err(|error| reopen_error(&self.path, &self.path, error))?;
+        remake.opened.matches(SameFile::of(&source), &self.path)?;
+        let copy = remake.copy()?;
+        tracing::debug!(shard = %self.path.display(), "decompressed copy found or made again");
+        File::open(copy.path()).map_err(|error| reopen_error(&self.path, copy.path(), error))
+    }
+
+    /// The file whose version the shard's bytes are: its source when its copy can be made
+    /// again (the copy's own time changes when it is), else the file read.
+    pub(super) fn version_file(&self) -> &Path {
+        if self.remake.is_some() {
+            &self.path
+        } else {
+            &self.read_from
+        }
     }
 }

@@ -83,6 +83,45 @@ fn samples_and_labels_read_back_plain_and_compressed() {
     }
 }
 
+/// A compressed shard's copy in the cache tier is not held locked once the set is open (a
+/// descriptor a shard: a set of more shards than the descriptor limit could not open): evicted,
+/// it is made again at its next read, the same bytes; its source replaced meanwhile stops the
+/// read, naming it, rather than serve other samples.
+#[test]
+fn a_compressed_shards_copy_is_let_go_and_made_again_once_evicted() {
+    let temp = tempfile::tempdir().unwrap();
+    let (columns, rows) = samples();
+    let dir = temp.path().join("zstd");
+    write_mds(&dir, &columns, &rows, 4, Some("zstd")).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), &temp.path().join("cache")).unwrap();
+    let expected: Vec<Vec<u8>> = (0..10).map(|k| dataset.read(k).unwrap()).collect();
+    for shard in &dataset.shards {
+        let copy = shard._copy.as_ref().expect("a copy in the cache tier");
+        assert!(!copy.is_locked(), "{} is held locked", shard.path.display());
+    }
+    // Evicted: every copy gone from the cache tier, the pooled files closed.
+    let evict = |dataset: &MdsDataset| {
+        FilePool::global().forget(dataset.pool_keys.clone());
+        for shard in &dataset.shards {
+            let _ = std::fs::remove_file(&shard.read_from);
+        }
+    };
+    evict(&dataset);
+    for k in 0..10u64 {
+        assert_eq!(dataset.read(k).unwrap(), expected[k as usize]);
+    }
+    // A source rewritten while its copy is gone.
+    evict(&dataset);
+    let zip = dataset.shards[0].path.clone();
+    std::fs::write(&zip, b"other bytes").unwrap();
+    let error = dataset.read(0).unwrap_err();
+    assert!(
+        matches!(&error, Error::FileReplaced { path, .. } if *path == zip),
+        "{error}"
+    );
+    assert_eq!(dataset.read(9).unwrap(), expected[9]);
+}
+
 /// `MDSWriter(columns={"image": "jpeg:95", ...})` keeps the quality in the encoding's name,
 /// as Streaming's coder reads it: the column is JPEG bytes all the same. Before, the set was
 /// refused as having no image column, and with a `text` column beside it served that text.

@@ -6,8 +6,10 @@
 //! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`), with the same
 //! companions as a remote entry: a `.stoker-meta` file recording the source's size and
 //! modification time and the copy's size, and a `.stoker-lock` file locked shared while the
-//! copy is read. A source that changed gets a copy of its own, beside the old one that a
-//! running job may still read (eviction takes the old one once nothing reads it). Processes
+//! copy is read (an MDS set's shard copies only while made and opened: a set of thousands
+//! would hold a descriptor each; its shards make theirs again once evicted). A source that
+//! changed gets a copy of its own, beside the old one that a running job may still read
+//! (eviction takes the old one once nothing reads it). Processes
 //! wait for a shared lock first: one making the copy holds it exclusive until the copy is
 //! complete, then shared for as long as it reads it, so the others read the copy it made (and
 //! take the exclusive lock to make it only when there is none). The copy is written to a part

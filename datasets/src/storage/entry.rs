@@ -153,6 +153,14 @@ impl CachedObject {
         self.held = None;
     }
 
+    /// Lets go of the entry's lock and its descriptor, but not of the room a derived copy
+    /// takes under the cap beside this process's other copies: the copy may be evicted from
+    /// now on, and its user makes it again when it needs it (a set of many copies then holds
+    /// no descriptor each, and still fits the cap whole or is refused).
+    pub(crate) fn release_lock(&mut self) {
+        self.lock = None;
+    }
+
     /// A copy made from the local file `source` (see `derived.rs`) in the cache folder `dir`,
     /// holding `lock` (locked shared by the caller); its bytes count as this process's there.
     pub(super) fn local(
