@@ -1,7 +1,8 @@
 //! Resource safety end to end (issue 16): a token file truncated under a running loader is an
-//! error naming it, not SIGBUS; thousands of tar shards, and a `save_to_disk` folder of a
-//! thousand Arrow shards, run under a small descriptor limit (the shard files live in a bounded
-//! pool); and running out of descriptors never turns good samples into replaced "bad
+//! error naming it, not SIGBUS; thousands of tar shards, a `save_to_disk` folder of a thousand
+//! Arrow shards, and a thousand compressed MDS shards or JSONL files, run under a small
+//! descriptor limit (the shard files live in a bounded pool, the compressed ones' copies are
+//! not held locked); and running out of descriptors never turns good samples into replaced "bad
 //! samples". The limits are set in a child `stoker` process (`sh -c 'ulimit -n N && exec
 //! ...'`), never in the test process.
 
@@ -164,7 +165,6 @@ fn write_mds_set(dir: &Path, count: u64, per_shard: usize, compression: Option<&
 
 /// `stoker digest` over a whole epoch of `dir` (batches of 100), under `ulimit -n` when given.
 fn digest_run(dir: &Path, open_files: Option<u32>) -> Output {
-    let stoker = env!("CARGO_BIN_EXE_stoker");
     let data = dir.to_string_lossy();
     let args = [
         "digest",
@@ -181,6 +181,12 @@ fn digest_run(dir: &Path, open_files: Option<u32>) -> Output {
         "--threads",
         "2",
     ];
+    stoker_run(dir, &args, open_files)
+}
+
+/// `stoker ARGS`, its cache tier under `dir`, under `ulimit -n` when given.
+fn stoker_run(dir: &Path, args: &[&str], open_files: Option<u32>) -> Output {
+    let stoker = env!("CARGO_BIN_EXE_stoker");
     let mut command = match open_files {
         Some(limit) => {
             let mut command = Command::new("sh");
@@ -291,6 +297,47 @@ fn a_compressed_mds_set_of_a_thousand_shards_reads_under_ulimit_256() {
         digest, reference,
         "1,000 compressed one-sample shards and the same samples in one shard differ"
     );
+}
+
+/// Each compressed JSONL file is decompressed once into the cache tier, and its copy was held
+/// there, locked, from open to drop: a descriptor a file, so a set of more compressed files
+/// than the descriptor limit (C4's 1,024 `.json.gz` files a split, under the common limit of
+/// 1,024) failed to open.
+#[test]
+fn a_thousand_compressed_jsonl_files_read_under_ulimit_256() {
+    use std::io::Write;
+    let fixture = crate::tokens::text_fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let (many, one) = (dir.path().join("many"), dir.path().join("one"));
+    std::fs::create_dir_all(&many).unwrap();
+    std::fs::create_dir_all(&one).unwrap();
+    let line = |i: u64| format!("{{\"text\": \"document {i} of the set\"}}\n");
+    for i in 0..1000 {
+        let file = std::fs::File::create(many.join(format!("{i:04}.jsonl.gz"))).unwrap();
+        let mut encoder = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+        encoder.write_all(line(i).as_bytes()).unwrap();
+        encoder.finish().unwrap();
+    }
+    let all: String = (0..1000).map(line).collect();
+    std::fs::write(one.join("all.jsonl"), all).unwrap();
+    let tokenizer = fixture.tokenizer.to_string_lossy().into_owned();
+    let digest = |data: &Path, open_files| {
+        let data = data.to_string_lossy();
+        let args = ["digest", "--data", &data, "--tokenizer", &tokenizer];
+        let output = stoker_run(
+            dir.path(),
+            &[&args[..], &["--seq-len", "64"]].concat(),
+            open_files,
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "stoker digest failed: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout.lines().last().unwrap_or_default().to_string()
+    };
+    assert_eq!(digest(&many, Some(256)), digest(&one, None));
 }
 
 #[test]

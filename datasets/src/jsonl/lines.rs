@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::CachedObject;
+use crate::storage::{remade_error, CachedObject, ObjectCacheOptions};
 
+use super::compressed::Compression;
 use super::lenient::BOM;
 
 /// One indexed line.
@@ -37,8 +38,47 @@ pub(super) struct JsonlFile {
     /// file cut (lines appended are left unread).
     same: SameFile,
     pub(super) lines: Vec<LineRef>,
-    /// The decompressed copy in the cache tier, locked while the file is read.
+    /// The decompressed copy in the cache tier: locked while the file is indexed, or for as
+    /// long as the file is read when it cannot be made again (its room under the cap kept).
     _copy: Option<CachedObject>,
+    /// How a local file's copy is made again once evicted.
+    remake: Option<Remake>,
+}
+
+/// How a local compressed file's decompressed copy in the cache tier is made again: a set's
+/// copies are not held locked while it is open (a descriptor each: a set of more compressed
+/// files than the descriptor limit could not be opened), so a cap may evict one between two
+/// reads of it.
+pub(super) struct Remake {
+    /// The compressed file, and what it was when the set was opened.
+    source: PathBuf,
+    opened: SameFile,
+    compression: Compression,
+    options: ObjectCacheOptions,
+}
+
+impl Remake {
+    /// How `source`, compressed by `compression`, is decompressed into the cache tier of
+    /// `options`.
+    pub(super) fn new(
+        source: &Path,
+        compression: Compression,
+        options: &ObjectCacheOptions,
+    ) -> Result<Remake> {
+        let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
+        Ok(Remake {
+            source: source.to_path_buf(),
+            opened: SameFile::of(&metadata),
+            compression,
+            options: options.clone(),
+        })
+    }
+
+    /// The copy, made now unless it is in the cache tier.
+    pub(super) fn copy(&self) -> Result<CachedObject> {
+        self.compression
+            .decompressed_copy(&self.options, &self.source)
+    }
 }
 
 /// The line being scanned at open.
@@ -109,8 +149,13 @@ impl LineScan {
 }
 
 impl JsonlFile {
-    /// Indexes `path`, reading it from `copy` (its decompressed copy) when given.
-    pub(super) fn open(path: PathBuf, copy: Option<CachedObject>) -> Result<JsonlFile> {
+    /// Indexes `path`, reading it from `copy` (its decompressed copy) when given; a copy that
+    /// `remake` can make again is let go of once indexed.
+    pub(super) fn open(
+        path: PathBuf,
+        mut copy: Option<CachedObject>,
+        remake: Option<Remake>,
+    ) -> Result<JsonlFile> {
         const CHUNK: usize = 1 << 20;
         let read_from = copy
             .as_ref()
@@ -145,6 +190,9 @@ impl JsonlFile {
         }
         scan.finish(offset, &path, &mut lines)?;
         let same = SameFile::of_file(&file, &path)?;
+        if let (Some(copy), Some(_)) = (&mut copy, &remake) {
+            copy.release_lock();
+        }
         Ok(JsonlFile {
             path,
             read_from,
@@ -152,6 +200,51 @@ impl JsonlFile {
             same,
             lines,
             _copy: copy,
+            remake,
+        })
+    }
+
+    /// The file opened again to read it: `read_from`, or, when that copy was evicted from the
+    /// cache tier, the copy made again from its source (its lock let go once it is open: an
+    /// eviction after that leaves the open file readable). A source replaced, cut or removed
+    /// since the set was opened stops the job, naming it; one grown (lines appended) makes a
+    /// longer copy whose indexed lines are where they were.
+    fn open_again(&self) -> Result<File> {
+        let error = match File::open(&self.read_from) {
+            Ok(file) => return Ok(file),
+            Err(error) => error,
+        };
+        let Some(remake) = &self.remake else {
+            return Err(reopen_error(&self.path, &self.read_from, error));
+        };
+        if error.kind() != std::io::ErrorKind::NotFound {
+            return Err(reopen_error(&self.path, &self.read_from, error));
+        }
+        let source = File::open(&remake.source)
+            .map_err(|error| reopen_error(&self.path, &self.path, error))?;
+        remake.opened.check_appended(&source, &self.path)?;
+        let copy = remake
+            .copy()
+            .map_err(|error| remade_error(&self.read_from, error))?;
+        tracing::debug!(file = %self.path.display(), "decompressed copy found or made again");
+        File::open(copy.path()).map_err(|error| reopen_error(&self.path, copy.path(), error))
+    }
+
+    /// Refuses `file` (opened again by its path) when it is not the file indexed: see
+    /// [`SameFile::check_appended`]. A copy that can be made again is checked by its length
+    /// only: made again (after an eviction) it is another file of the same bytes, or more.
+    fn check_unchanged(&self, file: &File) -> Result<()> {
+        if self.remake.is_none() {
+            return self.same.check_appended(file, &self.path);
+        }
+        let now = SameFile::of_file(file, &self.read_from)?;
+        if now.len() >= self.same.len() {
+            return Ok(());
+        }
+        Err(Error::FileReplaced {
+            path: self.path.clone(),
+            opened_len: self.same.len(),
+            now_len: now.len(),
         })
     }
 
@@ -159,14 +252,18 @@ impl JsonlFile {
     pub(super) fn line(&self, pool: &FilePool, key: FileKey, line: LineRef) -> Result<Vec<u8>> {
         let opened = pool.get_or_open(
             key,
-            || File::open(&self.read_from).map(PooledFile::plain),
-            is_out_of_descriptors,
-        );
-        let opened = opened.map_err(|source| reopen_error(&self.path, &self.read_from, source))?;
+            || self.open_again().map(PooledFile::plain),
+            |error| match error {
+                Error::Io { source, .. } | Error::Cache { source, .. } => {
+                    is_out_of_descriptors(source)
+                }
+                _ => false,
+            },
+        )?;
         // The pool opens it again by its path once it let it go: a file renamed over it
         // would give other documents' bytes at the offsets indexed. Lines appended since
         // leave those as they were.
-        self.same.check_appended(&opened.file, &self.path)?;
+        self.check_unchanged(&opened.file)?;
         if u64::from(line.len) > crate::MAX_SAMPLE_BYTES {
             return Err(Error::SampleTooLarge {
                 what: format!("{}:{}", self.path.display(), line.line),
@@ -200,7 +297,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.jsonl");
         std::fs::write(&path, "{\"text\": \"first\"}\n{\"text\": \"again\"}\n").unwrap();
-        let file = JsonlFile::open(path.clone(), None).unwrap();
+        let file = JsonlFile::open(path.clone(), None, None).unwrap();
         let pool = FilePool::with_budget(1);
         let key = pool.reserve_keys(1).start;
         let first = file.lines[0];
@@ -220,5 +317,69 @@ mod tests {
         let error = file.line(&pool, key, first).unwrap_err();
         assert!(matches!(error, Error::FileReplaced { .. }), "{error:?}");
         assert!(error.dataset_changed() && error.to_string().contains("a.jsonl"));
+    }
+
+    /// A compressed file's copy in the cache tier is not held locked once indexed (a
+    /// descriptor a file: a set of more files than the descriptor limit could not open):
+    /// evicted, it is made again at the next read, the same lines; lines appended to the
+    /// source leave them where they were; the source cut meanwhile stops the read, naming it.
+    #[test]
+    fn a_compressed_files_copy_is_let_go_and_made_again_once_evicted() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl.gz");
+        let gzip = |text: &str| {
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            encoder.write_all(text.as_bytes()).unwrap();
+            encoder.finish().unwrap()
+        };
+        std::fs::write(
+            &path,
+            gzip("{\"text\": \"first\"}\n{\"text\": \"again\"}\n"),
+        )
+        .unwrap();
+        let options = ObjectCacheOptions::new(dir.path().join("cache"));
+        let remake = Remake::new(&path, Compression::Gzip, &options).unwrap();
+        let copy = remake.copy().unwrap();
+        let file = JsonlFile::open(path.clone(), Some(copy), Some(remake)).unwrap();
+        assert!(!file._copy.as_ref().unwrap().is_locked());
+        let pool = FilePool::with_budget(1);
+        let key = pool.reserve_keys(1).start;
+        let (first, second) = (file.lines[0], file.lines[1]);
+        // Evicted: the copy gone from the cache tier, the pooled file closed.
+        let evict = || {
+            pool.forget(key..key + 1);
+            let _ = std::fs::remove_file(&file.read_from);
+        };
+        assert_eq!(
+            file.line(&pool, key, first).unwrap(),
+            b"{\"text\": \"first\"}"
+        );
+        evict();
+        assert_eq!(
+            file.line(&pool, key, second).unwrap(),
+            b"{\"text\": \"again\"}"
+        );
+        // Lines appended to the source (another gzip member).
+        evict();
+        let mut source = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        source.write_all(&gzip("{\"text\": \"more\"}\n")).unwrap();
+        drop(source);
+        assert_eq!(
+            file.line(&pool, key, first).unwrap(),
+            b"{\"text\": \"first\"}"
+        );
+        // The source rewritten shorter.
+        pool.forget(key..key + 1);
+        std::fs::write(&path, gzip("{\"text\": \"x\"}\n")).unwrap();
+        let error = file.line(&pool, key, first).unwrap_err();
+        assert!(
+            matches!(&error, Error::FileReplaced { path: named, .. } if *named == path),
+            "{error:?}"
+        );
     }
 }

@@ -7,7 +7,9 @@
 //! a running job is an error naming it, never SIGBUS, and many files hold few descriptors),
 //! parses it and returns the UTF-8 text of the text field. Compressed files (`.jsonl.gz`,
 //! `.jsonl.zst`) are decompressed once into the local cache tier (`compressed.rs`) and read from
-//! there the same way; errors still name the compressed file. JSONL objects in an object store
+//! there the same way (a copy locked there only while it is made and indexed, and made again
+//! from its file if evicted, so a set holds no descriptor per file); errors still name the
+//! compressed file. JSONL objects in an object store
 //! (`remote.rs`) are fetched whole into the cache tier and read from there. A line that is not
 //! a JSON object, lacks the field, or holds something other than a string there is a bad sample
 //! whose error names `file:line`; it never stops the index from being built. What Python's
@@ -142,19 +144,19 @@ impl JsonlDocuments {
         let mut options = None;
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
-            let copy = match compressed::Compression::of(&path) {
+            let (copy, remake) = match compressed::Compression::of(&path) {
                 Some(compression) => {
                     let in_force = match options.take() {
                         Some(in_force) => in_force,
                         None => cache()?,
                     };
-                    let copy = compression.decompressed_copy(&in_force, &path)?;
+                    let remake = lines::Remake::new(&path, compression, &in_force)?;
                     options = Some(in_force);
-                    Some(copy)
+                    (Some(remake.copy()?), Some(remake))
                 }
-                None => None,
+                None => (None, None),
             };
-            files.push(JsonlFile::open(path, copy)?);
+            files.push(JsonlFile::open(path, copy, remake)?);
         }
         Self::assemble(path, files, text_field, label_field)
     }

@@ -95,7 +95,7 @@ fn fetch_files(
                     other => other,
                 })?,
         };
-        files.push(JsonlFile::open(uri, Some(copy))?);
+        files.push(JsonlFile::open(uri, Some(copy), None)?);
     }
     Ok(files)
 }

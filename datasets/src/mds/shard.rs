@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::mds_error;
 use crate::error::{Error, Result};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
+use crate::storage::{derived_copy, remade_error, CachedObject, ObjectCacheOptions};
 
 /// One shard: where it is read from and its samples' offsets.
 pub(super) struct Shard {
@@ -324,18 +324,28 @@ impl Shard {
         let source = std::fs::metadata(&remake.source)
             .map_err(|error| reopen_error(&self.path, &self.path, error))?;
         remake.opened.matches(SameFile::of(&source), &self.path)?;
-        let copy = remake.copy()?;
+        let copy = remake
+            .copy()
+            .map_err(|error| remade_error(&self.read_from, error))?;
         tracing::debug!(shard = %self.path.display(), "decompressed copy found or made again");
         File::open(copy.path()).map_err(|error| reopen_error(&self.path, copy.path(), error))
     }
 
-    /// The file whose version the shard's bytes are: its source when its copy can be made
-    /// again (the copy's own time changes when it is), else the file read.
-    pub(super) fn version_file(&self) -> &Path {
+    /// The version of the bytes the shard is read as: the file read, its length and its
+    /// modification time in nanoseconds. A copy that can be made again is named by its path
+    /// (which holds its source's size and time when the set was opened) and its length then:
+    /// its own time changes when it is made again, and it may be evicted meanwhile.
+    pub(super) fn version(&self) -> Result<(&Path, u64, u128)> {
         if self.remake.is_some() {
-            &self.path
-        } else {
-            &self.read_from
+            return Ok((&self.read_from, self.identity.len(), 0));
         }
+        let metadata = std::fs::metadata(&self.read_from)
+            .map_err(|error| Error::io(&self.read_from, error))?;
+        let modified = metadata
+            .modified()
+            .ok()
+            .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |since| since.as_nanos());
+        Ok((&self.read_from, metadata.len(), modified))
     }
 }

@@ -122,6 +122,37 @@ fn a_compressed_shards_copy_is_let_go_and_made_again_once_evicted() {
     assert_eq!(dataset.read(9).unwrap(), expected[9]);
 }
 
+/// A copy made again after an eviction takes its own room under the cap: a set whose copies
+/// fill the cap but for a byte reads on once one is evicted, and a failure to make it again
+/// is the cache's, never a bad sample. Before, the evicted copy's room still counted against
+/// it, and the cap refused it.
+#[test]
+fn a_copy_made_again_under_a_full_cap_takes_its_own_room() {
+    let temp = tempfile::tempdir().unwrap();
+    let (columns, rows) = samples();
+    let dir = temp.path().join("zstd");
+    write_mds(&dir, &columns, &rows, 4, Some("zstd")).unwrap();
+    let sizing = open(&dir, &MdsOptions::default(), &temp.path().join("sizing")).unwrap();
+    let copies: u64 = sizing
+        .shards
+        .iter()
+        .map(|shard| std::fs::metadata(&shard.read_from).unwrap().len())
+        .sum();
+    drop(sizing);
+    let cache = temp.path().join("cache");
+    let options = move || {
+        let mut options = ObjectCacheOptions::new(&cache);
+        options.max_bytes = copies + 1;
+        Ok(options)
+    };
+    let dataset = MdsDataset::open_with_cache(&dir, &MdsOptions::default(), &options).unwrap();
+    let first = dataset.read(0).unwrap();
+    FilePool::global().forget(dataset.pool_keys.clone());
+    // Evicted (by this test, or already by the cap as the set was opened).
+    let _ = std::fs::remove_file(&dataset.shards[0].read_from);
+    assert_eq!(dataset.read(0).unwrap(), first);
+}
+
 /// `MDSWriter(columns={"image": "jpeg:95", ...})` keeps the quality in the encoding's name,
 /// as Streaming's coder reads it: the column is JPEG bytes all the same. Before, the set was
 /// refused as having no image column, and with a `text` column beside it served that text.

@@ -76,24 +76,17 @@ impl MdsDataset {
     }
 
     /// The version of the shards' bytes the copies are made from: a checksum of each shard's
-    /// local file (a compressed shard's own file, whose decompressed copy may be made again),
-    /// size and modification time (an object's copy in the cache tier is written
-    /// anew when the object changes). Shards rewritten under an unchanged `index.json` (samples
-    /// of one size, as a fixed-length token conversion writes them; only the shards uploaded
-    /// again) make new copies, never the old tokens.
+    /// version (its local file, size and modification time; see `Shard::version`: an object's
+    /// copy in the cache tier is written anew when the object changes, a compressed shard's
+    /// copy is named by its file's version). Shards rewritten under an unchanged `index.json`
+    /// (samples of one size, as a fixed-length token conversion writes them; only the shards
+    /// uploaded again) make new copies, never the old tokens.
     fn shards_version(&self) -> Result<u32> {
         let mut checksum = crc32fast::Hasher::new();
         for shard in &self.shards {
-            let version_file = shard.version_file();
-            let metadata =
-                std::fs::metadata(version_file).map_err(|error| Error::io(version_file, error))?;
-            let modified = metadata
-                .modified()
-                .ok()
-                .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |since| since.as_nanos());
-            checksum.update(version_file.as_os_str().as_encoded_bytes());
-            checksum.update(&metadata.len().to_le_bytes());
+            let (file, len, modified) = shard.version()?;
+            checksum.update(file.as_os_str().as_encoded_bytes());
+            checksum.update(&len.to_le_bytes());
             checksum.update(&modified.to_le_bytes());
         }
         Ok(checksum.finalize())

@@ -6,15 +6,17 @@
 //! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`), with the same
 //! companions as a remote entry: a `.stoker-meta` file recording the source's size and
 //! modification time and the copy's size, and a `.stoker-lock` file locked shared while the
-//! copy is read (an MDS set's shard copies only while made and opened: a set of thousands
-//! would hold a descriptor each; its shards make theirs again once evicted). A source that
+//! copy is read (the copies of a local MDS or JSONL set only while made and opened: a set of
+//! thousands would hold a descriptor each; its files make theirs again once evicted). A source that
 //! changed gets a copy of its own, beside the old one that a running job may still read
 //! (eviction takes the old one once nothing reads it). Processes
 //! wait for a shared lock first: one making the copy holds it exclusive until the copy is
 //! complete, then shared for as long as it reads it, so the others read the copy it made (and
 //! take the exclusive lock to make it only when there is none). The copy is written to a part
 //! file renamed into place when complete; the size cap and LRU eviction count it like any
-//! entry, and never evict one in use.
+//! entry, and never evict one locked. A copy whose lock was let go may be evicted while a
+//! reader still holds it open: it reads on, and the disk keeps its bytes until it closes, so
+//! the folder may then hold more than the cap by what the readers hold open.
 
 use std::fs::File;
 use std::io::Write;
@@ -26,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use super::entry::{
-    held_copies, with_suffix, write_atomically, CachedObject, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX,
-    PART_MARKER,
+    held_copies_except, with_suffix, write_atomically, CachedObject, LOCAL_ROOT, LOCK_SUFFIX,
+    META_SUFFIX, PART_MARKER,
 };
 use super::entry_lock::{downgrade, open_lock_file, touch, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
@@ -89,7 +91,9 @@ fn is_valid(data: &Path, meta: &Path, source: (u64, u128)) -> Option<u64> {
 
 /// The copy of the local file `source` that `make` writes (`transform` names it, e.g.
 /// `decompressed`), made once and kept in the cache tier of `options`. The copy stays locked
-/// shared (never evicted) while the returned object lives.
+/// shared (never evicted) while the returned object lives, unless its holder lets go of the
+/// lock ([`CachedObject::release_lock`]: then it only keeps its room under the cap, and makes
+/// the copy again if it was evicted, its own room not counted against it).
 ///
 /// `make` writes the whole copy to the file it is given; a copy larger than the room the cache's
 /// cap leaves beside the copies this process holds in it is refused (`StorageFull`, naming
@@ -128,7 +132,7 @@ pub fn derived_copy(
         if made {
             let room = Room {
                 cap: options.max_bytes,
-                held: held_copies(&options.dir),
+                held: held_copies_except(&options.dir, &data),
             };
             make_copy(room, source, &data, &meta, identity, make)?;
         }
@@ -156,8 +160,23 @@ pub fn derived_copy(
     ))
 }
 
+/// The error of making again, for a reader, a copy evicted since its set was opened: it was
+/// made from the same source then, so a failure now (the cap or the disk full, a write that
+/// failed) is this node's cache's, never the sample's; other faults stay what they were.
+pub(crate) fn remade_error(copy: &Path, error: Error) -> Error {
+    match error.read_fault() {
+        crate::error::ReadFault::Sample => Error::Cache {
+            path: copy.to_path_buf(),
+            source: std::io::Error::other(format!(
+                "the copy was evicted and making it again failed: {error}"
+            )),
+        },
+        _ => error,
+    }
+}
+
 /// The room a new copy has: the cache's cap, less the copies this process holds in it (none of
-/// which can be evicted while held).
+/// which can be evicted while held, but for those whose lock was let go).
 #[derive(Debug, Clone, Copy)]
 struct Room {
     cap: u64,
@@ -277,7 +296,28 @@ impl<W: Write> Write for CappedWriter<W> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::entry::held_copies;
     use super::*;
+    use crate::error::ReadFault;
+
+    #[test]
+    fn a_copy_that_cannot_be_made_again_is_the_caches_fault_not_the_samples() {
+        let copy = Path::new("/cache/local/data/a.jsonl.gz.decompressed-1-2");
+        let full = Error::Decompress {
+            path: "/data/a.jsonl.gz".into(),
+            source: std::io::Error::new(std::io::ErrorKind::StorageFull, "over the cap"),
+        };
+        assert_eq!(full.read_fault(), ReadFault::Sample);
+        let remade = remade_error(copy, full);
+        assert_eq!(remade.read_fault(), ReadFault::Source);
+        assert!(remade.to_string().contains("over the cap"), "{remade}");
+        // Short of descriptors: a fault that may pass, as it was.
+        let short = Error::io(
+            "/data/a.jsonl.gz",
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+        );
+        assert_eq!(remade_error(copy, short).read_fault(), ReadFault::Resource);
+    }
 
     fn upper(source: &Path, out: &mut dyn Write) -> Result<()> {
         let text = std::fs::read(source).map_err(|error| Error::io(source, error))?;
