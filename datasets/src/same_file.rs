@@ -6,7 +6,7 @@
 //! samples read under the labels read then, so the job stops naming the file, and no sample is
 //! replaced as bad (a JSONL file may grow: lines appended leave the others where they were). A
 //! file removed, found missing when it is opened again, is [`Error::FileRemoved`]. A file
-//! rewritten in place at the same length is not told.
+//! rewritten in place at the same length (or longer, where a file may grow) is not told.
 
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;

@@ -45,7 +45,8 @@ impl Compression {
         })
     }
 
-    fn decompress(self, source: &Path, out: &mut dyn Write) -> Result<()> {
+    /// Decompresses `source` into `out`.
+    pub(super) fn decompress(self, source: &Path, out: &mut dyn Write) -> Result<()> {
         let file = std::fs::File::open(source).map_err(|error| Error::io(source, error))?;
         let input = std::io::BufReader::new(file);
         let mut reader: Box<dyn Read> = match self {

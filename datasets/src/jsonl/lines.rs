@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{remade_error, CachedObject, ObjectCacheOptions};
+use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions};
 
 use super::compressed::Compression;
 use super::lenient::BOM;
@@ -50,11 +50,9 @@ pub(super) struct JsonlFile {
 /// files than the descriptor limit could not be opened), so a cap may evict one between two
 /// reads of it.
 pub(super) struct Remake {
-    /// The compressed file, and what it was when the set was opened.
-    source: PathBuf,
-    opened: SameFile,
+    /// The compressed file, as it was when the set was opened.
+    source: DerivedSource,
     compression: Compression,
-    options: ObjectCacheOptions,
 }
 
 impl Remake {
@@ -65,19 +63,25 @@ impl Remake {
         compression: Compression,
         options: &ObjectCacheOptions,
     ) -> Result<Remake> {
-        let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
+        let source = DerivedSource::new(source, options, "decompressed")?;
         Ok(Remake {
-            source: source.to_path_buf(),
-            opened: SameFile::of(&metadata),
+            source,
             compression,
-            options: options.clone(),
         })
     }
 
     /// The copy, made now unless it is in the cache tier.
     pub(super) fn copy(&self) -> Result<CachedObject> {
-        self.compression
-            .decompressed_copy(&self.options, &self.source)
+        let compression = self.compression;
+        self.source
+            .copy(&|source, out| compression.decompress(source, out))
+    }
+
+    /// The copy at `copy` opened again, made again from the source as it was if evicted.
+    fn open_again(&self, copy: &Path) -> Result<File> {
+        let compression = self.compression;
+        self.source
+            .open_again(copy, &|source, out| compression.decompress(source, out))
     }
 }
 
@@ -205,47 +209,25 @@ impl JsonlFile {
     }
 
     /// The file opened again to read it: `read_from`, or, when that copy was evicted from the
-    /// cache tier, the copy made again from its source (its lock let go once it is open: an
-    /// eviction after that leaves the open file readable). A source replaced, cut or removed
-    /// since the set was opened stops the job, naming it; one grown (lines appended) makes a
-    /// longer copy whose indexed lines are where they were.
+    /// cache tier, the copy made again from its file as it was when the set was opened
+    /// ([`DerivedSource::open_again`]: a file changed since, lines appended included, stops
+    /// the job, naming it).
     fn open_again(&self) -> Result<File> {
-        let error = match File::open(&self.read_from) {
-            Ok(file) => return Ok(file),
-            Err(error) => error,
-        };
-        let Some(remake) = &self.remake else {
-            return Err(reopen_error(&self.path, &self.read_from, error));
-        };
-        if error.kind() != std::io::ErrorKind::NotFound {
-            return Err(reopen_error(&self.path, &self.read_from, error));
+        match &self.remake {
+            Some(remake) => remake.open_again(&self.read_from),
+            None => File::open(&self.read_from)
+                .map_err(|error| reopen_error(&self.path, &self.read_from, error)),
         }
-        let source = File::open(&remake.source)
-            .map_err(|error| reopen_error(&self.path, &self.path, error))?;
-        remake.opened.check_appended(&source, &self.path)?;
-        let copy = remake
-            .copy()
-            .map_err(|error| remade_error(&self.read_from, error))?;
-        tracing::debug!(file = %self.path.display(), "decompressed copy found or made again");
-        File::open(copy.path()).map_err(|error| reopen_error(&self.path, copy.path(), error))
     }
 
     /// Refuses `file` (opened again by its path) when it is not the file indexed: see
-    /// [`SameFile::check_appended`]. A copy that can be made again is checked by its length
-    /// only: made again (after an eviction) it is another file of the same bytes, or more.
+    /// [`SameFile::check_appended`]; a copy that can be made again is checked by its length
+    /// ([`DerivedSource::check_copy`]).
     fn check_unchanged(&self, file: &File) -> Result<()> {
-        if self.remake.is_none() {
-            return self.same.check_appended(file, &self.path);
+        match self.remake {
+            Some(_) => DerivedSource::check_copy(file, &self.read_from, self.same.len()),
+            None => self.same.check_appended(file, &self.path),
         }
-        let now = SameFile::of_file(file, &self.read_from)?;
-        if now.len() >= self.same.len() {
-            return Ok(());
-        }
-        Err(Error::FileReplaced {
-            path: self.path.clone(),
-            opened_len: self.same.len(),
-            now_len: now.len(),
-        })
     }
 
     /// The bytes of `line`, read from the file of pool key `key`.
@@ -321,8 +303,8 @@ mod tests {
 
     /// A compressed file's copy in the cache tier is not held locked once indexed (a
     /// descriptor a file: a set of more files than the descriptor limit could not open):
-    /// evicted, it is made again at the next read, the same lines; lines appended to the
-    /// source leave them where they were; the source cut meanwhile stops the read, naming it.
+    /// evicted, it is made again at the next read, the same lines; the file changed meanwhile
+    /// (lines appended too: the copy would be made of other bytes) stops the read, naming it.
     #[test]
     fn a_compressed_files_copy_is_let_go_and_made_again_once_evicted() {
         use std::io::Write;
@@ -361,7 +343,7 @@ mod tests {
             file.line(&pool, key, second).unwrap(),
             b"{\"text\": \"again\"}"
         );
-        // Lines appended to the source (another gzip member).
+        // Lines appended to the file (another gzip member) while its copy is gone.
         evict();
         let mut source = std::fs::OpenOptions::new()
             .append(true)
@@ -369,13 +351,6 @@ mod tests {
             .unwrap();
         source.write_all(&gzip("{\"text\": \"more\"}\n")).unwrap();
         drop(source);
-        assert_eq!(
-            file.line(&pool, key, first).unwrap(),
-            b"{\"text\": \"first\"}"
-        );
-        // The source rewritten shorter.
-        pool.forget(key..key + 1);
-        std::fs::write(&path, gzip("{\"text\": \"x\"}\n")).unwrap();
         let error = file.line(&pool, key, first).unwrap_err();
         assert!(
             matches!(&error, Error::FileReplaced { path: named, .. } if *named == path),

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::mds_error;
 use crate::error::{Error, Result};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{derived_copy, remade_error, CachedObject, ObjectCacheOptions};
+use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions};
 
 /// One shard: where it is read from and its samples' offsets.
 pub(super) struct Shard {
@@ -35,22 +35,26 @@ pub(super) struct Shard {
 /// shards than the descriptor limit could not be opened), so another reader's cap may evict
 /// one between two reads of it.
 pub(super) struct Remake {
-    /// The compressed file, and what it was when the set was opened.
-    source: PathBuf,
-    opened: SameFile,
+    /// The compressed file, as it was when the set was opened.
+    source: DerivedSource,
     compression: String,
-    options: ObjectCacheOptions,
 }
 
 impl Remake {
-    /// The copy, made again if it is not in the cache tier.
+    /// The copy, made now unless it is in the cache tier.
     fn copy(&self) -> Result<CachedObject> {
-        derived_copy(
-            &self.options,
-            &self.source,
-            "decompressed",
-            &|source, out| decompress(&self.compression, source, &self.source, out),
-        )
+        self.source
+            .copy(&|source, out| self.decompress(source, out))
+    }
+
+    /// The copy at `copy` opened again, made again from the source as it was if evicted.
+    fn open_again(&self, copy: &Path) -> Result<File> {
+        self.source
+            .open_again(copy, &|source, out| self.decompress(source, out))
+    }
+
+    fn decompress(&self, source: &Path, out: &mut dyn std::io::Write) -> Result<()> {
+        decompress(&self.compression, source, self.source.source(), out)
     }
 }
 
@@ -193,12 +197,9 @@ pub(super) fn local_shard_file(
         (_, Some(zip)) => {
             let zip = root.join(zip);
             crate::referenced_files::check_data_file(&zip)?;
-            let metadata = std::fs::metadata(&zip).map_err(|error| Error::io(&zip, error))?;
             let remake = Remake {
-                source: zip.clone(),
-                opened: SameFile::of(&metadata),
+                source: DerivedSource::new(&zip, &options()?, "decompressed")?,
                 compression: entry.compression.clone(),
-                options: options()?,
             };
             let copy = remake.copy()?;
             Ok(ShardFile {
@@ -289,46 +290,24 @@ impl Shard {
     /// is not compared (shards touched to keep a scratch purge away are the same); a shard
     /// rewritten in place at the same length is not told.
     ///
-    /// A copy that can be made again is checked by its length only: made again (after an
-    /// eviction) from the same source, it is another file of the same bytes.
+    /// A copy that can be made again is checked by its length ([`DerivedSource::check_copy`]).
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
-        if self.remake.is_none() {
-            return self.identity.check(file, &self.path);
+        match self.remake {
+            Some(_) => DerivedSource::check_copy(file, &self.read_from, self.identity.len()),
+            None => self.identity.check(file, &self.path),
         }
-        let now = SameFile::of_file(file, &self.read_from)?;
-        if now.len() == self.identity.len() {
-            return Ok(());
-        }
-        Err(Error::FileReplaced {
-            path: self.path.clone(),
-            opened_len: self.identity.len(),
-            now_len: now.len(),
-        })
     }
 
     /// The shard's file opened again to read it: `read_from`, or, when that copy was evicted
-    /// from the cache tier, the copy made again from its source (its lock let go once it is
-    /// open: an eviction after that leaves the open file readable). A source replaced or
-    /// removed since the set was opened stops the job, naming it.
+    /// from the cache tier, the copy made again from its source as it was when the set was
+    /// opened ([`DerivedSource::open_again`]: a source changed since stops the job, naming
+    /// it).
     pub(super) fn open_again(&self) -> Result<File> {
-        let error = match File::open(&self.read_from) {
-            Ok(file) => return Ok(file),
-            Err(error) => error,
-        };
-        let Some(remake) = &self.remake else {
-            return Err(reopen_error(&self.path, &self.read_from, error));
-        };
-        if error.kind() != std::io::ErrorKind::NotFound {
-            return Err(reopen_error(&self.path, &self.read_from, error));
+        match &self.remake {
+            Some(remake) => remake.open_again(&self.read_from),
+            None => File::open(&self.read_from)
+                .map_err(|error| reopen_error(&self.path, &self.read_from, error)),
         }
-        let source = std::fs::metadata(&remake.source)
-            .map_err(|error| reopen_error(&self.path, &self.path, error))?;
-        remake.opened.matches(SameFile::of(&source), &self.path)?;
-        let copy = remake
-            .copy()
-            .map_err(|error| remade_error(&self.read_from, error))?;
-        tracing::debug!(shard = %self.path.display(), "decompressed copy found or made again");
-        File::open(copy.path()).map_err(|error| reopen_error(&self.path, copy.path(), error))
     }
 
     /// The version of the bytes the shard is read as: the file read, its length and its

@@ -110,15 +110,28 @@ fn a_compressed_shards_copy_is_let_go_and_made_again_once_evicted() {
     for k in 0..10u64 {
         assert_eq!(dataset.read(k).unwrap(), expected[k as usize]);
     }
-    // A source rewritten while its copy is gone.
+    // A source rewritten in place while its copy is gone: the same length and file, another
+    // time (and other bytes).
     evict(&dataset);
     let zip = dataset.shards[0].path.clone();
-    std::fs::write(&zip, b"other bytes").unwrap();
+    let mut bytes = std::fs::read(&zip).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    let modified = std::fs::metadata(&zip).unwrap().modified().unwrap();
+    std::fs::write(&zip, &bytes).unwrap();
+    let later = modified + std::time::Duration::from_secs(10);
+    std::fs::File::options()
+        .write(true)
+        .open(&zip)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
     let error = dataset.read(0).unwrap_err();
     assert!(
         matches!(&error, Error::FileReplaced { path, .. } if *path == zip),
         "{error}"
     );
+    assert!(error.dataset_changed());
     assert_eq!(dataset.read(9).unwrap(), expected[9]);
 }
 

@@ -38,6 +38,7 @@ use super::materialise::MAX_FETCHES;
 use super::options::ObjectCacheOptions;
 use super::stats::Counters;
 use crate::error::{Error, Result};
+use crate::same_file::{reopen_error, SameFile};
 
 /// Numbers the part files of this process.
 static NEXT_PART: AtomicU64 = AtomicU64::new(0);
@@ -54,12 +55,17 @@ struct DerivedMeta {
 /// The source's identity: its size and modification time.
 fn source_identity(source: &Path) -> Result<(u64, u128)> {
     let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
+    Ok(identity_of(&metadata))
+}
+
+/// The identity `metadata` gives: the size and modification time.
+fn identity_of(metadata: &std::fs::Metadata) -> (u64, u128) {
     let modified = metadata
         .modified()
         .ok()
         .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |since| since.as_nanos());
-    Ok((metadata.len(), modified))
+    (metadata.len(), modified)
 }
 
 /// Where the copy of `source` (of version `identity`) made by `transform` lives in the cache
@@ -160,10 +166,101 @@ pub fn derived_copy(
     ))
 }
 
+/// How a copy is made from a local file.
+pub(crate) type Make<'a> = &'a dyn Fn(&Path, &mut dyn Write) -> Result<()>;
+
+/// A local file a copy is derived from, as it was when its set was opened: what a reader that
+/// let go of the copy's lock ([`CachedObject::release_lock`]) needs to make the copy again
+/// once it was evicted, from that file as it was and no other.
+pub(crate) struct DerivedSource {
+    source: PathBuf,
+    opened: SameFile,
+    options: ObjectCacheOptions,
+    transform: &'static str,
+}
+
+impl DerivedSource {
+    /// `source` as it is now, its copies made by `transform` in the cache tier of `options`.
+    pub(crate) fn new(
+        source: &Path,
+        options: &ObjectCacheOptions,
+        transform: &'static str,
+    ) -> Result<DerivedSource> {
+        let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
+        Ok(DerivedSource {
+            source: source.to_path_buf(),
+            opened: SameFile::of(&metadata),
+            options: options.clone(),
+            transform,
+        })
+    }
+
+    /// The file copies are made from.
+    pub(crate) fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// The copy `make` writes, made now unless it is in the cache tier ([`derived_copy`]).
+    pub(crate) fn copy(&self, make: Make<'_>) -> Result<CachedObject> {
+        derived_copy(&self.options, &self.source, self.transform, make)
+    }
+
+    /// The copy at `copy` opened again to be read; when it was evicted, made again, but only
+    /// from the source as it was: a source changed since (its size, time, device or inode:
+    /// appended to, touched, rewritten, renamed over) is [`Error::FileReplaced`], one gone
+    /// [`Error::FileRemoved`], both naming the source; a failure to make it again is the
+    /// cache's ([`remade_error`]). The copy made is not held locked once open: an eviction
+    /// after that leaves the open file readable.
+    pub(crate) fn open_again(&self, copy: &Path, make: Make<'_>) -> Result<File> {
+        let error = match File::open(copy) {
+            Ok(file) => return Ok(file),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => error,
+            Err(error) => return Err(Error::cache(copy, error)),
+        };
+        let source = &self.source;
+        let metadata =
+            std::fs::metadata(source).map_err(|error| reopen_error(source, source, error))?;
+        let replaced = || Error::FileReplaced {
+            path: source.clone(),
+            opened_len: self.opened.len(),
+            now_len: metadata.len(),
+        };
+        self.opened.matches(SameFile::of(&metadata), source)?;
+        // Its time too: a copy's name holds its source's size and time.
+        let now = copy_path(
+            &self.options.dir,
+            source,
+            self.transform,
+            identity_of(&metadata),
+        )?;
+        if now != copy {
+            return Err(replaced());
+        }
+        let made = self.copy(make).map_err(|error| remade_error(copy, error))?;
+        tracing::debug!(copy = %copy.display(), %error, "an evicted copy made again");
+        if made.path() != copy {
+            return Err(replaced());
+        }
+        File::open(made.path()).map_err(|error| Error::cache(made.path(), error))
+    }
+
+    /// `Ok` when `file`, the copy at `copy` opened again, has the `len` it had when its set was
+    /// opened: made again from the same source it is another file of the same bytes; one of
+    /// another length is a damaged copy, the cache's fault.
+    pub(crate) fn check_copy(file: &File, copy: &Path, len: u64) -> Result<()> {
+        let now = SameFile::of_file(file, copy)?.len();
+        if now == len {
+            return Ok(());
+        }
+        let problem = format!("the copy is {now} bytes; it was {len} when its set was opened");
+        Err(Error::cache(copy, std::io::Error::other(problem)))
+    }
+}
+
 /// The error of making again, for a reader, a copy evicted since its set was opened: it was
 /// made from the same source then, so a failure now (the cap or the disk full, a write that
 /// failed) is this node's cache's, never the sample's; other faults stay what they were.
-pub(crate) fn remade_error(copy: &Path, error: Error) -> Error {
+fn remade_error(copy: &Path, error: Error) -> Error {
     match error.read_fault() {
         crate::error::ReadFault::Sample => Error::Cache {
             path: copy.to_path_buf(),

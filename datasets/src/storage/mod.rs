@@ -56,7 +56,7 @@ mod stats;
 mod uri;
 
 pub use cache::ObjectCache;
-pub(crate) use derived::{derived_copy, remade_error};
+pub(crate) use derived::{derived_copy, DerivedSource};
 pub(crate) use entry::write_atomically;
 pub use entry::CachedObject;
 pub(crate) use options::default_user_cache_dir;
