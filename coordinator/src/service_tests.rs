@@ -269,6 +269,7 @@ async fn lease(
             // Shorter than the lease timeout: a lease call is the worker's heartbeat too.
             wait_ms: 200,
             report: None,
+            full_sessions: Vec::new(),
         })
         .await?
         .into_inner()
@@ -1054,6 +1055,7 @@ async fn a_report_carried_by_a_lease_call_counts_as_a_report() -> TestResult {
             completed: tasks.iter().map(|t| t.lease_id).collect(),
             ..ReportRequest::default()
         }),
+        full_sessions: Vec::new(),
     };
     let next = client.lease(carried(&tasks)).await?.into_inner().tasks;
     assert_eq!(steps(&next), [2, 3], "reported, then leased in one call");
@@ -1082,6 +1084,7 @@ async fn a_coordinator_restarted_between_a_lease_batch_and_its_report_leases_the
             completed: tasks.iter().map(|t| t.lease_id).collect(),
             ..ReportRequest::default()
         }),
+        full_sessions: Vec::new(),
     };
     let lost = client
         .lease(carried)

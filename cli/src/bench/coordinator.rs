@@ -155,10 +155,11 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
         for &worker in &workers {
             leases.clear();
             let lease_start = Instant::now();
-            assigned += coordinator
-                .core
-                .lease_into(worker, args.lease_batch, now, &mut leases)?
-                as u64;
+            assigned +=
+                coordinator
+                    .core
+                    .lease_into(worker, args.lease_batch, &[], now, &mut leases)?
+                    as u64;
             lease_time += lease_start.elapsed();
             for lease in &leases {
                 if coordinator.core.complete(worker, lease.lease_id)? == LeaseOutcome::Applied {

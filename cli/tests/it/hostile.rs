@@ -312,6 +312,7 @@ async fn out_of_order(
         max_tasks,
         wait_ms: 0,
         report,
+        full_sessions: Vec::new(),
     };
     refused(
         client.report(unknown_lease()).await,

@@ -17,7 +17,7 @@ impl Coordinator {
         now: Instant,
     ) -> CoordinatorResult<Vec<Lease>> {
         let mut leases = Vec::with_capacity(max_tasks.min(self.config.max_lease_batch));
-        self.lease_into(worker, max_tasks, now, &mut leases)?;
+        self.lease_into(worker, max_tasks, &[], now, &mut leases)?;
         Ok(leases)
     }
 
@@ -26,11 +26,14 @@ impl Coordinator {
         self.ready.len()
     }
 
-    /// [`lease`](Self::lease) appending to `out`, so a caller can reuse one vector.
+    /// [`lease`](Self::lease) appending to `out`, so a caller can reuse one vector; none of the
+    /// sessions `full` (by id: their client's stream on this worker has no room for more)
+    /// is leased from.
     pub fn lease_into(
         &mut self,
         worker: WorkerId,
         max_tasks: usize,
+        full: &[u64],
         now: Instant,
         out: &mut Vec<Lease>,
     ) -> CoordinatorResult<usize> {
@@ -45,7 +48,8 @@ impl Coordinator {
         *heartbeat = (*heartbeat).max(now);
         let deadline = *heartbeat + self.config.lease_timeout;
         let mut leased = 0;
-        // Ready sessions whose client cannot reach this worker: put back for the others.
+        // Ready sessions whose client cannot reach this worker, or whose stream there is full:
+        // put back for the others.
         let mut passed_over = Vec::new();
         while leased < max_tasks {
             let Some((job, key)) = self.ready.pop() else {
@@ -55,7 +59,8 @@ impl Coordinator {
             let Some(session) = self.sessions.get_mut(&session_index) else {
                 continue;
             };
-            if session.unreachable.contains(&(worker_index as u32)) {
+            if session.unreachable.contains(&(worker_index as u32)) || full.contains(&session.id.0)
+            {
                 passed_over.push((job, key));
                 continue;
             }

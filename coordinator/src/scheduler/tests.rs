@@ -1212,3 +1212,29 @@ fn jobs_are_found_by_spec_across_restarts_and_retirement() {
         .jobs_by_spec
         .contains_key(&spec(2, 1).encode_to_vec()));
 }
+
+/// A session a worker says is full (its client's stream there has no room for more) is leased
+/// none of its steps in that worker's call; the others are, and another worker takes its steps.
+#[test]
+fn a_session_full_on_one_worker_is_leased_to_the_others() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let slow_job = c.register_job(spec(1, 1), 100).unwrap();
+    let other_job = c.register_job(spec(1, 2), 100).unwrap();
+    let slow = c.open_session(slow_job, 0, 0, Step(0)).unwrap();
+    let other = c.open_session(other_job, 0, 0, Step(0)).unwrap();
+    c.grant_credits(slow, 4).unwrap();
+    c.grant_credits(other, 4).unwrap();
+    let (a, b) = (c.register_worker(t0), c.register_worker(t0));
+    let mut leases = Vec::new();
+    c.lease_into(a, 8, &[slow.0], t0, &mut leases).unwrap();
+    let sessions: Vec<SessionId> = leases.iter().map(|l| l.session).collect();
+    assert_eq!(sessions, [other; 4]);
+    let sessions: Vec<SessionId> = c
+        .lease(b, 8, t0)
+        .unwrap()
+        .iter()
+        .map(|l| l.session)
+        .collect();
+    assert_eq!(sessions, [slow; 4]);
+}

@@ -377,9 +377,9 @@ impl CoordinatorService {
         if let Some(report) = &request.report {
             self.apply_report(worker, report)?;
         }
-        let wait =
-            Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
-        let deadline = Instant::now() + wait;
+        let wait = Duration::from_millis(u64::from(request.wait_ms));
+        let deadline = Instant::now() + wait.min(self.config.max_lease_wait);
+        let max_tasks = request.max_tasks as usize;
         let mut leases = Vec::new();
         let mut waiting: usize;
         loop {
@@ -394,7 +394,7 @@ impl CoordinatorService {
                 waiting = state.core.waiting_sessions();
                 state
                     .core
-                    .lease_into(worker, request.max_tasks as usize, now, &mut leases)
+                    .lease_into(worker, max_tasks, &request.full_sessions, now, &mut leases)
                     .map_err(coordinator_status)?;
                 // Kept for the dashboard alone (its refresh prunes it).
                 if self.dashboard.is_some() {

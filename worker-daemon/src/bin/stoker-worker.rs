@@ -54,9 +54,10 @@ struct Args {
     /// once, split between the coordinators of a fleet by the sessions waiting at each (each
     /// share rounded up, at least one). A batch is built once its client's stream has room for
     /// it: a task whose stream is full or not open yet waits for room aside, unbuilt, so a
-    /// client reading slowly holds up no other job (the worker goes on leasing, and may hold
-    /// as many of a session's tasks as its client granted credits). Each client's stream
-    /// queues up to 8 built batches, within those credits, so a worker may hold that many more
+    /// client reading slowly holds up no other job; once twice this many of one session's tasks
+    /// wait so, the worker's lease calls ask for none of that session's (they go to other
+    /// workers, or wait at the coordinator). Each client's stream queues up to 8 built
+    /// batches, within the credits that client granted, so a worker may hold that many more
     /// batches per client.
     /// At most 4096, the most a coordinator leases in one call (it refused more, and the
     /// worker registered again and again, serving nothing).

@@ -5,6 +5,8 @@
 //! unclaimed when the client had no stream or took nothing), and the drain's deadline such work
 //! is held to.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoker_proto::v1::TaskLease;
@@ -26,6 +28,44 @@ pub(super) enum RoomNow {
     Later,
     /// None ever: the task's outcome (no session, or its client's stream closed).
     Never(Outcome),
+}
+
+/// A loop's tasks waiting aside for room in their client's stream, by session id: a session
+/// with as many as the loop has deliveries is full on this worker, and the loop's lease calls
+/// say so (`LeaseRequest.full_sessions`): its coordinator leases the worker none of its steps
+/// meanwhile, so they go to other workers, or wait at the coordinator, rather than here.
+#[derive(Default)]
+pub(super) struct WaitingForRoom(Mutex<HashMap<u64, u32>>);
+
+impl WaitingForRoom {
+    /// `task` waits for room until the guard is dropped.
+    pub(super) fn enter(self: &Arc<Self>, task: &TaskLease) -> Option<Waiting> {
+        let session = task.session.as_ref()?.session_id;
+        *super::lock(&self.0).entry(session).or_insert(0) += 1;
+        Some(Waiting(Arc::clone(self), session))
+    }
+
+    /// The sessions with `most` tasks or more waiting.
+    pub(super) fn full(&self, most: u32) -> Vec<u64> {
+        let waiting = super::lock(&self.0);
+        let full = waiting.iter().filter(|(_, count)| **count >= most);
+        full.map(|(session, _)| *session).collect()
+    }
+}
+
+/// One task waiting for room, counted in its [`WaitingForRoom`] until dropped.
+pub(super) struct Waiting(Arc<WaitingForRoom>, u64);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut waiting = super::lock(&(self.0).0);
+        if let Some(count) = waiting.get_mut(&self.1) {
+            *count -= 1;
+            if *count == 0 {
+                waiting.remove(&self.1);
+            }
+        }
+    }
 }
 
 /// The session `task` is for, and why its item was not taken (`what` for the task).

@@ -19,7 +19,9 @@ use stoker_rpc::lease_calls::LeaseCalls;
 use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
-use super::delivery::{before_drain_due, put, room_for, room_now, Draining, RoomNow};
+use super::delivery::{
+    before_drain_due, put, room_for, room_now, Draining, RoomNow, WaitingForRoom,
+};
 use super::fleet::Place;
 use super::opening::{this_workers_own, OpenBackoff, Opened, Openings, Unopened};
 use super::own_failures::{note_build, BuildEnd, OwnFailures, OWN_FAILURES_PER_STEP};
@@ -247,6 +249,7 @@ async fn serve_leases(
         outcomes: outcomes_tx.downgrade(),
         own_failures: Arc::new(OwnFailures::default()),
         ends: ends_tx,
+        waiting: Arc::default(),
         _in_flight: in_flight,
     };
     let status = loop {
@@ -269,6 +272,7 @@ async fn serve_leases(
                 // While a job opens, its waiting tasks are looked at again soon.
                 wait_ms: if openings.under_way() { 50 } else { 1000 },
                 report,
+                full_sessions: serving.waiting.full(serving.deliveries.most),
             })
             .await;
         // Leased even if the drain started meanwhile: these are finished like the others (but
@@ -425,6 +429,8 @@ struct Serving {
     own_failures: Arc<OwnFailures>,
     /// How the builds of tasks served aside ended, by job.
     ends: mpsc::UnboundedSender<(u64, BuildEnd)>,
+    /// The tasks served aside still waiting for room, by session.
+    waiting: Arc<WaitingForRoom>,
     /// Held by each task served aside: the drain waits until none is left.
     _in_flight: mpsc::Sender<()>,
 }
@@ -457,10 +463,13 @@ impl Serving {
             }
             RoomNow::Later => {
                 let serving = self.clone();
+                let waiting = self.waiting.enter(&task);
                 tokio::spawn(async move {
                     let (job, draining) = (task.job_id, serving.draining.clone());
                     let room = room_for(&serving.shared, &task, "its batch");
-                    match before_drain_due(room, draining, serving.reserve).await {
+                    let room = before_drain_due(room, draining, serving.reserve).await;
+                    drop(waiting);
+                    match room {
                         None => serving.handed_back(&task),
                         Some(Err(outcome)) => serving.outcome(outcome),
                         Some(Ok(room)) => {

@@ -668,7 +668,7 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
 /// permit freed, every 2 s).
 #[test]
 fn a_slow_reader_holds_up_no_other_jobs_epoch() -> TestResult {
-    let (data, _state, network, _cluster) =
+    let (data, _state, network, cluster) =
         one_worker_with(|config| config.delivery_timeout = Duration::from_secs(10))?;
     // The slow client's reader runs beside the live epoch, on a runtime of its own.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -714,6 +714,11 @@ fn a_slow_reader_holds_up_no_other_jobs_epoch() -> TestResult {
     assert_eq!(first, Ok(true));
     std::thread::sleep(Duration::from_secs(3));
     live_epoch_in_time(&network, data.path(), "a slow reader")?;
+    // The worker holds few of the slow client's tasks waiting for room: once four wait (its
+    // deliveries), its lease calls ask for none of that session's, and the rest of the 30
+    // credits wait at the coordinator.
+    let stats = cluster.coordinator.core_stats();
+    assert!(stats.leased_tasks <= 8, "{stats:?}");
     // The slow client is served all along: its stream never ended for a stall.
     let mut read: Vec<_> = read_rx.try_iter().collect();
     for _ in 0..2 {

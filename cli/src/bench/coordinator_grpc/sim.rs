@@ -142,6 +142,7 @@ pub async fn worker(
             // As the worker daemon waits.
             wait_ms: 1000,
             report: take_report(worker_id, &unreported),
+            full_sessions: Vec::new(),
         };
         let tasks = match &mut leases {
             Some(leases) => leases.lease(request).await?.tasks,
