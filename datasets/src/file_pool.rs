@@ -234,6 +234,17 @@ pub(crate) fn is_out_of_descriptors(error: &std::io::Error) -> bool {
     matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
+/// Whether a dataset's `error`, opening a file for the pool, says so.
+pub(crate) fn failed_for_descriptors(error: &crate::error::Error) -> bool {
+    use crate::error::Error;
+    match error {
+        Error::Io { source, .. }
+        | Error::Cache { source, .. }
+        | Error::ShardRead { source, .. } => is_out_of_descriptors(source),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

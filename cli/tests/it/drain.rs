@@ -228,6 +228,10 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
         assert!(Instant::now() < deadline, "the worker leased four tasks");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // And no more than those and one call's more (before: all eight).
+    std::thread::sleep(Duration::from_millis(1500));
+    let leased = leases_so_far(&http);
+    assert!(leased <= 6.0, "{leased} leased");
     worker.terminate();
     let status = worker
         .wait_exit(Duration::from_secs(6))

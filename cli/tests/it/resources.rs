@@ -205,6 +205,25 @@ fn stoker_run(dir: &Path, args: &[&str], open_files: Option<u32>) -> Output {
     command.output().unwrap()
 }
 
+/// A whole epoch of `many` (its files in a set read under `ulimit -n 256`) and of `reference`
+/// (the same samples in fewer files, no limit): each `figures` (`batches N  samples M`) with
+/// no sample replaced, and the same digest.
+fn same_epoch_under_ulimit_256(many: &Path, reference: &Path, figures: &str) {
+    let (summary, digest) = summary_and_digest(&digest_run(many, Some(256)));
+    let (reference_summary, expected) = summary_and_digest(&digest_run(reference, None));
+    for summary in [&summary, &reference_summary] {
+        let figures = format!("{figures}  bad samples replaced 0");
+        assert!(summary.starts_with(&figures), "{summary}");
+    }
+    assert_eq!(
+        digest,
+        expected,
+        "{} and the same samples in {} differ",
+        many.display(),
+        reference.display()
+    );
+}
+
 /// The figures line (`batches N  samples M  bad samples replaced B ...`) and the digest.
 fn summary_and_digest(output: &Output) -> (String, String) {
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -230,20 +249,7 @@ fn five_thousand_shards_read_a_whole_epoch_under_ulimit_256() {
     let few_shards = write_shards(&few, 5000, 2_000_000);
     assert!(few_shards < 10, "{few_shards} shards");
 
-    let (summary, digest) = summary_and_digest(&digest_run(&many, Some(256)));
-    assert!(
-        summary.starts_with("batches 50  samples 5000  bad samples replaced 0"),
-        "{summary}"
-    );
-    let (reference_summary, reference) = summary_and_digest(&digest_run(&few, None));
-    assert!(
-        reference_summary.starts_with("batches 50  samples 5000  bad samples replaced 0"),
-        "{reference_summary}"
-    );
-    assert_eq!(
-        digest, reference,
-        "5,000 one-sample shards and the same samples in {few_shards} shards differ"
-    );
+    same_epoch_under_ulimit_256(&many, &few, "batches 50  samples 5000");
 }
 
 /// Each Arrow shard of a `save_to_disk` folder was held open from open to drop: a folder of
@@ -256,20 +262,7 @@ fn a_save_to_disk_folder_of_a_thousand_shards_reads_under_ulimit_256() {
     write_hf_folder(&many, 1000, 1000);
     write_hf_folder(&one, 1000, 1);
 
-    let (summary, digest) = summary_and_digest(&digest_run(&many, Some(256)));
-    assert!(
-        summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
-        "{summary}"
-    );
-    let (reference_summary, reference) = summary_and_digest(&digest_run(&one, None));
-    assert!(
-        reference_summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
-        "{reference_summary}"
-    );
-    assert_eq!(
-        digest, reference,
-        "1,000 one-sample shards and the same samples in one shard differ"
-    );
+    same_epoch_under_ulimit_256(&many, &one, "batches 10  samples 1000");
 }
 
 /// Each compressed shard of an MDS set is decompressed once into the cache tier, and its copy
@@ -283,20 +276,7 @@ fn a_compressed_mds_set_of_a_thousand_shards_reads_under_ulimit_256() {
     write_mds_set(&many, 1000, 1, Some("zstd"));
     write_mds_set(&one, 1000, 1000, None);
 
-    let (summary, digest) = summary_and_digest(&digest_run(&many, Some(256)));
-    assert!(
-        summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
-        "{summary}"
-    );
-    let (reference_summary, reference) = summary_and_digest(&digest_run(&one, None));
-    assert!(
-        reference_summary.starts_with("batches 10  samples 1000  bad samples replaced 0"),
-        "{reference_summary}"
-    );
-    assert_eq!(
-        digest, reference,
-        "1,000 compressed one-sample shards and the same samples in one shard differ"
-    );
+    same_epoch_under_ulimit_256(&many, &one, "batches 10  samples 1000");
 }
 
 /// Each compressed JSONL file is decompressed once into the cache tier, and its copy was held

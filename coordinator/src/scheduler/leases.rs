@@ -26,6 +26,18 @@ impl Coordinator {
         self.ready.len()
     }
 
+    /// [`waiting_sessions`](Self::waiting_sessions) but for those of `full`, which the worker
+    /// asking has no room for: the work waiting here for that worker.
+    pub fn waiting_sessions_besides(&self, full: &[u64]) -> usize {
+        let full: std::collections::BTreeSet<u64> = full.iter().copied().collect();
+        let ready = |id: &u64| {
+            let index = u32::try_from(*id).ok()?;
+            self.sessions.get(&index).map(Session::is_ready)
+        };
+        let passed = full.iter().filter(|id| ready(id) == Some(true)).count();
+        self.ready.len().saturating_sub(passed)
+    }
+
     /// [`lease`](Self::lease) appending to `out`, so a caller can reuse one vector; none of the
     /// sessions `full` (by id: their client's stream on this worker has no room for more)
     /// is leased from.
@@ -44,6 +56,12 @@ impl Coordinator {
             )));
         }
         let worker_index = self.live_worker(worker)?;
+        // A worker names at most as many as a call may lease.
+        let full: std::collections::HashSet<u64> = full
+            .iter()
+            .take(self.config.max_lease_batch)
+            .copied()
+            .collect();
         let heartbeat = &mut self.workers[worker_index].last_heartbeat;
         *heartbeat = (*heartbeat).max(now);
         let deadline = *heartbeat + self.config.lease_timeout;

@@ -1230,6 +1230,9 @@ fn a_session_full_on_one_worker_is_leased_to_the_others() {
     c.lease_into(a, 8, &[slow.0], t0, &mut leases).unwrap();
     let sessions: Vec<SessionId> = leases.iter().map(|l| l.session).collect();
     assert_eq!(sessions, [other; 4]);
+    // The one waiting is no work for that worker (its share of a fleet worker counts none).
+    assert_eq!(c.waiting_sessions(), 1);
+    assert_eq!(c.waiting_sessions_besides(&[slow.0, slow.0]), 0);
     let sessions: Vec<SessionId> = c
         .lease(b, 8, t0)
         .unwrap()

@@ -391,7 +391,7 @@ impl CoordinatorService {
                 let mut state = lock(&self.state);
                 let before = leases.len();
                 let now = Instant::now();
-                waiting = state.core.waiting_sessions();
+                waiting = state.core.waiting_sessions_besides(&request.full_sessions);
                 state
                     .core
                     .lease_into(worker, max_tasks, &request.full_sessions, now, &mut leases)

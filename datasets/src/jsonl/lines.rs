@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
 use crate::same_file::{reopen_error, SameFile};
 use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions};
 
@@ -235,12 +235,7 @@ impl JsonlFile {
         let opened = pool.get_or_open(
             key,
             || self.open_again().map(PooledFile::plain),
-            |error| match error {
-                Error::Io { source, .. } | Error::Cache { source, .. } => {
-                    is_out_of_descriptors(source)
-                }
-                _ => false,
-            },
+            failed_for_descriptors,
         )?;
         // The pool opens it again by its path once it let it go: a file renamed over it
         // would give other documents' bytes at the offsets indexed. Lines appended since

@@ -38,7 +38,7 @@ use serde_json::Value;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
 use crate::label_checks;
 use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
@@ -295,12 +295,7 @@ impl MdsDataset {
         let pooled = FilePool::global().get_or_open(
             key,
             || shard.open_again().map(PooledFile::plain),
-            |error| match error {
-                Error::Io { source, .. } | Error::Cache { source, .. } => {
-                    is_out_of_descriptors(source)
-                }
-                _ => false,
-            },
+            failed_for_descriptors,
         )?;
         shard.check_unchanged(&pooled.file)?;
         let begin = u64::from(shard.offsets[local]);

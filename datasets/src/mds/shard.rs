@@ -287,8 +287,9 @@ impl Shard {
     /// beside it and renamed over it, as rsync does), or one of another length; the offsets
     /// read at open would point into other bytes, other samples read under the labels read
     /// then. The job stops, naming the file; never bad samples replaced. Its modification time
-    /// is not compared (shards touched to keep a scratch purge away are the same); a shard
-    /// rewritten in place at the same length is not told.
+    /// is not compared (shards touched to keep a scratch purge away are the same; but for a
+    /// compressed shard whose copy must be made again, see [`DerivedSource::open_again`]); a
+    /// shard rewritten in place at the same length is not told.
     ///
     /// A copy that can be made again is checked by its length ([`DerivedSource::check_copy`]).
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {

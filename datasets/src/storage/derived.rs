@@ -299,7 +299,20 @@ fn make_copy(
             NEXT_PART.fetch_add(1, Ordering::Relaxed)
         ),
     );
-    let size = match write_part(&part, source, room, make) {
+    // The source replaced while it was read: the copy, named for the version looked at
+    // first, is not kept.
+    let made = write_part(&part, source, room, make).and_then(|size| {
+        let now = source_identity(source)?;
+        if now != identity {
+            return Err(Error::FileReplaced {
+                path: source.to_path_buf(),
+                opened_len: identity.0,
+                now_len: now.0,
+            });
+        }
+        Ok(size)
+    });
+    let size = match made {
         Ok(size) => size,
         Err(error) => {
             let _ = std::fs::remove_file(&part);

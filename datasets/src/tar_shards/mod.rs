@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
-use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::naming::RemoteFiles;
 use crate::same_file::reopen_error;
@@ -221,16 +221,10 @@ impl TarShards {
                     _ => read_error(source),
                 })
         };
-        let out_of_descriptors = |error: &Error| match error {
-            Error::ShardRead { source, .. } | Error::Io { source, .. } => {
-                is_out_of_descriptors(source)
-            }
-            _ => false,
-        };
         FilePool::global().get_or_open(
             self.pool_keys.start + position as u64,
             open,
-            out_of_descriptors,
+            failed_for_descriptors,
         )
     }
 }

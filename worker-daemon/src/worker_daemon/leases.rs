@@ -265,14 +265,21 @@ async fn serve_leases(
         let report = take_report(worker_id, shared, &unreported);
         let counts = report.as_ref().map(|r| (r.bad_samples, r.busy_ns));
         let carried = report.as_ref().map_or(0, reported_tasks);
+        let full_sessions = serving.waiting.full(serving.deliveries.most);
+        // While a job opens, its waiting tasks are looked at again soon; while a session is
+        // full here, its room is (a client that reads again soon finds its tasks leased).
+        let wait_ms = match (openings.under_way(), full_sessions.is_empty()) {
+            (true, _) => 50,
+            (false, false) => 250,
+            (false, true) => 1000,
+        };
         let leased = leases
             .lease(LeaseRequest {
                 worker_id,
                 max_tasks: config.lease_ahead.max(1),
-                // While a job opens, its waiting tasks are looked at again soon.
-                wait_ms: if openings.under_way() { 50 } else { 1000 },
+                wait_ms,
                 report,
-                full_sessions: serving.waiting.full(serving.deliveries.most),
+                full_sessions,
             })
             .await;
         // Leased even if the drain started meanwhile: these are finished like the others (but

@@ -606,6 +606,28 @@ fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_
     Ok(())
 }
 
+/// A client's stream of `session`'s batches from the worker of [`one_worker`]: the worker's
+/// client and the stream.
+async fn worker_stream(
+    network: &MemoryNetwork,
+    session: Option<proto::SessionToken>,
+    job_id: u64,
+) -> Result<(WorkerClient, tonic::Streaming<proto::Batch>), Box<dyn std::error::Error>> {
+    let security = ClientSecurity::new(None, None, None)?;
+    let mut worker = proto::worker_data_client::WorkerDataClient::new(
+        Network::Memory(network.clone()).channel(WORKER, &security)?,
+    )
+    .max_decoding_message_size(stoker_rpc::transport::MAX_MESSAGE_BYTES);
+    let stream = worker
+        .subscribe(proto::SubscribeRequest { session, job_id })
+        .await?
+        .into_inner();
+    Ok((worker, stream))
+}
+
+/// A client of a worker's data service.
+type WorkerClient = proto::worker_data_client::WorkerDataClient<stoker_rpc::transport::RpcChannel>;
+
 /// A live client's epoch over `data`, checked whole and done within 8 s beside `beside` (another
 /// client's tasks on the same worker).
 fn live_epoch_in_time(network: &MemoryNetwork, data: &Path, beside: &str) -> TestResult {
@@ -640,14 +662,7 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
         .build()?;
     runtime.block_on(async {
         let (mut client, job_id, session) = other_jobs_session(&network, data.path()).await?;
-        let security = ClientSecurity::new(None, None, None)?;
-        let mut worker = proto::worker_data_client::WorkerDataClient::new(
-            Network::Memory(network.clone()).channel(WORKER, &security)?,
-        );
-        let stream = worker
-            .subscribe(proto::SubscribeRequest { session, job_id })
-            .await?
-            .into_inner();
+        let (worker, stream) = worker_stream(&network, session, job_id).await?;
         // The client dies: its stream goes, its session and credits stay.
         drop(stream);
         drop(worker);
@@ -683,15 +698,7 @@ fn a_slow_reader_holds_up_no_other_jobs_epoch() -> TestResult {
             ..spec(data.path())
         };
         let (mut client, job_id, session) = session_of(&network, slow).await?;
-        let security = ClientSecurity::new(None, None, None)?;
-        let mut worker = proto::worker_data_client::WorkerDataClient::new(
-            Network::Memory(network.clone()).channel(WORKER, &security)?,
-        )
-        .max_decoding_message_size(stoker_rpc::transport::MAX_MESSAGE_BYTES);
-        let mut stream = worker
-            .subscribe(proto::SubscribeRequest { session, job_id })
-            .await?
-            .into_inner();
+        let (worker, mut stream) = worker_stream(&network, session, job_id).await?;
         grant(&mut client, session, 30).await?;
         tokio::spawn(async move {
             let _keep = (client, worker);
@@ -765,14 +772,7 @@ fn a_batch_error_no_client_takes_holds_up_no_other_jobs_epoch() -> TestResult {
         .build()?;
     let _unread = runtime.block_on(async {
         let (mut client, job_id, session) = session_of(&network, failing).await?;
-        let security = ClientSecurity::new(None, None, None)?;
-        let mut worker = proto::worker_data_client::WorkerDataClient::new(
-            Network::Memory(network.clone()).channel(WORKER, &security)?,
-        );
-        let stream = worker
-            .subscribe(proto::SubscribeRequest { session, job_id })
-            .await?
-            .into_inner();
+        let (worker, stream) = worker_stream(&network, session, job_id).await?;
         grant(&mut client, session, 16).await?;
         Ok::<_, Box<dyn std::error::Error>>((client, worker, stream))
     })?;
@@ -861,14 +861,7 @@ fn a_job_slow_to_open_holds_up_no_other_jobs_epoch_on_the_worker() -> TestResult
     let (slow, mut stream) = runtime.block_on(async {
         let (mut client, job_id, session) = other_jobs_session(&network, data.path()).await?;
         recorded.hold_job(job_id);
-        let security = ClientSecurity::new(None, None, None)?;
-        let mut worker = proto::worker_data_client::WorkerDataClient::new(
-            Network::Memory(network.clone()).channel(WORKER, &security)?,
-        );
-        let stream = worker
-            .subscribe(proto::SubscribeRequest { session, job_id })
-            .await?
-            .into_inner();
+        let (_worker, stream) = worker_stream(&network, session, job_id).await?;
         grant(&mut client, session, 8).await?;
         Ok::<_, Box<dyn std::error::Error>>((job_id, stream))
     })?;
