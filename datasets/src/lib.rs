@@ -88,6 +88,10 @@ mod megatron;
 mod naming;
 mod parquet_files;
 mod referenced_files;
+/// The in-test S3 server of the integration tests, for unit tests that read private state.
+#[cfg(all(test, feature = "s3"))]
+#[path = "../tests/it/s3_server.rs"]
+mod s3_server;
 mod same_file;
 mod sample_source;
 mod split_names;

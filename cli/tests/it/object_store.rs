@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 #[path = "../../../datasets/tests/it/s3_server.rs"]
-mod s3_server;
+pub(crate) mod s3_server;
 
 use std::path::Path;
 use std::process::Command;

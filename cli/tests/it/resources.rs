@@ -1,9 +1,9 @@
 //! Resource safety end to end (issue 16): a token file truncated under a running loader is an
 //! error naming it, not SIGBUS; thousands of tar shards, a `save_to_disk` folder of a thousand
-//! Arrow shards, and a thousand compressed MDS shards or JSONL files, run under a small
-//! descriptor limit (the shard files live in a bounded pool, the compressed ones' copies are
-//! not held locked); and running out of descriptors never turns good samples into replaced "bad
-//! samples". The limits are set in a child `stoker` process (`sh -c 'ulimit -n N && exec
+//! Arrow shards, and a thousand compressed MDS shards or JSONL files, local or in a bucket of
+//! the in-test S3 server, run under a small descriptor limit (the shard files live in a bounded
+//! pool, their copies in the cache tier are not held locked); and running out of descriptors
+//! never turns good samples into replaced "bad samples". The limits are set in a child `stoker` process (`sh -c 'ulimit -n N && exec
 //! ...'`), never in the test process.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -22,6 +22,7 @@ use stoker_loader::{Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
 
 use crate::common;
+use crate::object_store::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 /// A 4x4 RGB PNG whose pixels encode `index`, so every sample is distinct.
 fn tiny_png(index: u64) -> Vec<u8> {
@@ -165,11 +166,16 @@ fn write_mds_set(dir: &Path, count: u64, per_shard: usize, compression: Option<&
 
 /// `stoker digest` over a whole epoch of `dir` (batches of 100), under `ulimit -n` when given.
 fn digest_run(dir: &Path, open_files: Option<u32>) -> Output {
-    let data = dir.to_string_lossy();
+    digest_of(&dir.to_string_lossy(), dir, open_files, None)
+}
+
+/// `stoker digest` over a whole epoch of `data` (a folder, or an `s3://` prefix of `server`),
+/// its cache tier under `dir`, under `ulimit -n` when given.
+fn digest_of(data: &str, dir: &Path, open_files: Option<u32>, server: Option<&S3Server>) -> Output {
     let args = [
         "digest",
         "--data",
-        &data,
+        data,
         "--pipeline",
         "imagenet-eval",
         "--size",
@@ -181,11 +187,17 @@ fn digest_run(dir: &Path, open_files: Option<u32>) -> Output {
         "--threads",
         "2",
     ];
-    stoker_run(dir, &args, open_files)
+    stoker_run(dir, &args, open_files, server)
 }
 
-/// `stoker ARGS`, its cache tier under `dir`, under `ulimit -n` when given.
-fn stoker_run(dir: &Path, args: &[&str], open_files: Option<u32>) -> Output {
+/// `stoker ARGS`, its cache tier under `dir`, under `ulimit -n` when given, reading `s3://`
+/// through `server` when given.
+fn stoker_run(
+    dir: &Path,
+    args: &[&str],
+    open_files: Option<u32>,
+    server: Option<&S3Server>,
+) -> Output {
     let stoker = env!("CARGO_BIN_EXE_stoker");
     let mut command = match open_files {
         Some(limit) => {
@@ -202,6 +214,13 @@ fn stoker_run(dir: &Path, args: &[&str], open_files: Option<u32>) -> Output {
         .args(args)
         .env("RUST_LOG", "warn")
         .env("XDG_CACHE_HOME", dir.join("no-user-cache"));
+    if let Some(server) = server {
+        command
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_REGION", "us-east-1");
+    }
     command.output().unwrap()
 }
 
@@ -209,7 +228,20 @@ fn stoker_run(dir: &Path, args: &[&str], open_files: Option<u32>) -> Output {
 /// (the same samples in fewer files, no limit): each `figures` (`batches N  samples M`) with
 /// no sample replaced, and the same digest.
 fn same_epoch_under_ulimit_256(many: &Path, reference: &Path, figures: &str) {
-    let (summary, digest) = summary_and_digest(&digest_run(many, Some(256)));
+    let data = many.to_string_lossy();
+    same_epoch_of(&data, many, None, reference, figures);
+}
+
+/// [`same_epoch_under_ulimit_256`] of `many`, a folder or an `s3://` prefix of `server`, its
+/// cache tier under `dir`.
+fn same_epoch_of(
+    many: &str,
+    dir: &Path,
+    server: Option<&S3Server>,
+    reference: &Path,
+    figures: &str,
+) {
+    let (summary, digest) = summary_and_digest(&digest_of(many, dir, Some(256), server));
     let (reference_summary, expected) = summary_and_digest(&digest_run(reference, None));
     for summary in [&summary, &reference_summary] {
         let figures = format!("{figures}  bad samples replaced 0");
@@ -218,8 +250,7 @@ fn same_epoch_under_ulimit_256(many: &Path, reference: &Path, figures: &str) {
     assert_eq!(
         digest,
         expected,
-        "{} and the same samples in {} differ",
-        many.display(),
+        "{many} and the same samples in {} differ",
         reference.display()
     );
 }
@@ -285,12 +316,28 @@ fn a_compressed_mds_set_of_a_thousand_shards_reads_under_ulimit_256() {
 /// 1,024) failed to open.
 #[test]
 fn a_thousand_compressed_jsonl_files_read_under_ulimit_256() {
-    use std::io::Write;
     let fixture = crate::tokens::text_fixture();
     let dir = tempfile::tempdir().unwrap();
     let (many, one) = (dir.path().join("many"), dir.path().join("one"));
-    std::fs::create_dir_all(&many).unwrap();
-    std::fs::create_dir_all(&one).unwrap();
+    write_jsonl_sets(&many, &one);
+    let tokenizer = fixture.tokenizer.as_path();
+    assert_eq!(
+        jsonl_digest(
+            (&many.to_string_lossy(), tokenizer),
+            dir.path(),
+            Some(256),
+            None
+        ),
+        jsonl_digest((&one.to_string_lossy(), tokenizer), dir.path(), None, None)
+    );
+}
+
+/// Writes 1,000 one-line documents into `many` as a `.jsonl.gz` file each, and into `one` as
+/// a single `all.jsonl`.
+fn write_jsonl_sets(many: &Path, one: &Path) {
+    use std::io::Write;
+    std::fs::create_dir_all(many).unwrap();
+    std::fs::create_dir_all(one).unwrap();
     let line = |i: u64| format!("{{\"text\": \"document {i} of the set\"}}\n");
     for i in 0..1000 {
         let file = std::fs::File::create(many.join(format!("{i:04}.jsonl.gz"))).unwrap();
@@ -300,24 +347,83 @@ fn a_thousand_compressed_jsonl_files_read_under_ulimit_256() {
     }
     let all: String = (0..1000).map(line).collect();
     std::fs::write(one.join("all.jsonl"), all).unwrap();
-    let tokenizer = fixture.tokenizer.to_string_lossy().into_owned();
-    let digest = |data: &Path, open_files| {
-        let data = data.to_string_lossy();
-        let args = ["digest", "--data", &data, "--tokenizer", &tokenizer];
-        let output = stoker_run(
+}
+
+/// The digest of a whole epoch of token windows (of `tokenizer`'s ids) of the JSONL set `data`
+/// (a folder, or an `s3://` prefix of `server`), its cache tier under `dir`, under `ulimit -n`
+/// when given.
+fn jsonl_digest(
+    (data, tokenizer): (&str, &Path),
+    dir: &Path,
+    open_files: Option<u32>,
+    server: Option<&S3Server>,
+) -> String {
+    let tokenizer = tokenizer.to_string_lossy();
+    let args = [
+        "digest",
+        "--data",
+        data,
+        "--tokenizer",
+        &tokenizer,
+        "--seq-len",
+        "64",
+    ];
+    let output = stoker_run(dir, &args, open_files, server);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "stoker digest failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// The objects of a set under an `s3://` prefix that are read whole (MDS shards, compressed or
+/// not; JSONL files; a `save_to_disk` folder's Arrow shards) were each held locked in the cache
+/// tier from open to drop: a descriptor an object, so a set of more objects than the
+/// descriptor limit failed to open ("Too many open files"). Each set of a thousand objects
+/// reads under `ulimit -n 256` now, as its local copy in one file does.
+#[test]
+fn sets_of_a_thousand_objects_in_a_bucket_read_under_ulimit_256() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let bucket = server.bucket_dir("data");
+    let local = dir.path().join("local");
+    let figures = "batches 10  samples 1000";
+
+    write_mds_set(&bucket.join("mds-zstd"), 1000, 1, Some("zstd"));
+    write_mds_set(&bucket.join("mds"), 1000, 1, None);
+    write_mds_set(&local.join("mds"), 1000, 1000, None);
+    for prefix in ["s3://data/mds-zstd", "s3://data/mds"] {
+        same_epoch_of(
+            prefix,
             dir.path(),
-            &[&args[..], &["--seq-len", "64"]].concat(),
-            open_files,
+            Some(&server),
+            &local.join("mds"),
+            figures,
         );
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "stoker digest failed: {stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout.lines().last().unwrap_or_default().to_string()
-    };
-    assert_eq!(digest(&many, Some(256)), digest(&one, None));
+    }
+
+    write_hf_folder(&bucket.join("hf"), 1000, 1000);
+    write_hf_folder(&local.join("hf"), 1000, 1);
+    same_epoch_of(
+        "s3://data/hf",
+        dir.path(),
+        Some(&server),
+        &local.join("hf"),
+        figures,
+    );
+
+    let fixture = crate::tokens::text_fixture();
+    let tokenizer = fixture.tokenizer.as_path();
+    write_jsonl_sets(&bucket.join("jsonl"), &local.join("jsonl"));
+    let one = local.join("jsonl").to_string_lossy().into_owned();
+    let expected = jsonl_digest((&one, tokenizer), dir.path(), None, None);
+    let remote = ("s3://data/jsonl", tokenizer);
+    assert_eq!(
+        jsonl_digest(remote, dir.path(), Some(256), Some(&server)),
+        expected
+    );
 }
 
 #[test]

@@ -17,7 +17,9 @@
 //! descriptor the walk opened goes into the pool, so a folder of more shards than the pool's
 //! budget opens and reads under a small descriptor limit. A shard the pool let go is opened
 //! again by its path and must be the file walked at open (`same_file.rs`). A shard fetched
-//! from a store keeps its copy locked in the cache, one descriptor per shard, while it is open.
+//! from a store lets go of its copy's lock in the cache once walked (a descriptor a shard would
+//! keep a folder of more shards than the descriptor limit from opening): the copy, evicted
+//! since, is fetched again as the pool opens it again, and must have its length at open.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -34,9 +36,9 @@ use arrow_schema::{DataType, SchemaRef, UnionMode};
 
 use crate::decoder_panics::without_panics;
 use crate::error::{Error, Result};
-use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::CachedObject;
+use crate::storage::{CachedObject, Remake};
 
 /// The marker before each message's header length (since Arrow 0.15).
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
@@ -67,8 +69,10 @@ pub(super) struct StreamFile {
     same: SameFile,
     pub(super) schema: SchemaRef,
     pub(super) batches: Vec<BatchBlock>,
-    /// The copy in the cache tier read for an object of a store, locked while it is read.
+    /// The copy in the cache tier read for an object of a store, let go of once walked.
     _copy: Option<CachedObject>,
+    /// How that copy is fetched again once evicted.
+    remake: Option<Remake>,
 }
 
 fn stream_error(path: &Path, problem: impl Into<String>) -> Error {
@@ -104,21 +108,27 @@ fn non_negative(value: i64, what: &str, path: &Path) -> Result<u64> {
 impl StreamFile {
     /// Opens `path` and indexes its record batches from the message headers.
     pub(super) fn open(path: PathBuf) -> Result<StreamFile> {
-        Self::open_copy(path, None)
+        Self::open_in(path, None, FilePool::global())
     }
 
-    /// Opens `path`, or, when given, its copy `copy` in the cache tier (an object of a store,
-    /// `path` its URI), as [`StreamFile::open`] does.
-    pub(super) fn open_copy(path: PathBuf, copy: Option<CachedObject>) -> Result<StreamFile> {
-        Self::open_in(path, copy, FilePool::global())
+    /// Opens the copy `copy` in the cache tier of an object of a store (`path` its URI), as
+    /// [`StreamFile::open`] does; its lock is let go of once walked, and `remake` fetches it
+    /// again once evicted.
+    pub(super) fn open_copy(
+        path: PathBuf,
+        copy: CachedObject,
+        remake: Remake,
+    ) -> Result<StreamFile> {
+        Self::open_in(path, Some((copy, remake)), FilePool::global())
     }
 
-    /// [`StreamFile::open_copy`], read through `pool`.
+    /// [`StreamFile::open`] or [`StreamFile::open_copy`], read through `pool`.
     fn open_in(
         path: PathBuf,
-        copy: Option<CachedObject>,
+        copy: Option<(CachedObject, Remake)>,
         pool: &'static FilePool,
     ) -> Result<StreamFile> {
+        let (copy, remake) = copy.unzip();
         let read_from = copy
             .as_ref()
             .map_or_else(|| path.clone(), |copy| copy.path().to_path_buf());
@@ -256,7 +266,11 @@ impl StreamFile {
             same,
             schema,
             batches,
-            _copy: copy,
+            _copy: copy.map(|mut copy| {
+                copy.release_lock();
+                copy
+            }),
+            remake,
         };
         // The descriptor walked goes into the pool: its first read needs no second open.
         let walked = RefCell::new(Some(file));
@@ -267,16 +281,33 @@ impl StreamFile {
     /// The open file from the pool, opened again by its path when the pool let it go (or
     /// taken from `spare` when that has one).
     fn pooled(&self, spare: impl Fn() -> Option<File>) -> Result<Arc<PooledFile>> {
-        self.pool
-            .get_or_open(
-                self.pool_key,
-                || match spare() {
-                    Some(file) => Ok(PooledFile::plain(file)),
-                    None => File::open(&self.read_from).map(PooledFile::plain),
-                },
-                is_out_of_descriptors,
-            )
-            .map_err(|source| reopen_error(&self.path, &self.read_from, source))
+        self.pool.get_or_open(
+            self.pool_key,
+            || match spare() {
+                Some(file) => Ok(PooledFile::plain(file)),
+                None => self.open_again().map(PooledFile::plain),
+            },
+            failed_for_descriptors,
+        )
+    }
+
+    /// The file opened again by its path; an object's copy evicted since it was walked,
+    /// fetched again ([`Remake::open_again`]).
+    fn open_again(&self) -> Result<File> {
+        match &self.remake {
+            Some(remake) => remake.open_again(&self.read_from),
+            None => File::open(&self.read_from)
+                .map_err(|source| reopen_error(&self.path, &self.read_from, source)),
+        }
+    }
+
+    /// Refuses `file` (opened again by its path) when it is not the file walked at open; an
+    /// object's copy fetched again is another file of the same length ([`Remake::check_copy`]).
+    fn check_unchanged(&self, file: &File) -> Result<()> {
+        match self.remake {
+            Some(_) => Remake::check_copy(file, &self.read_from, self.same.len()),
+            None => self.same.check(file, &self.path),
+        }
     }
 
     /// Reads and decodes root columns `columns` (schema indices) of batch `batch`, in the
@@ -352,7 +383,7 @@ impl StreamFile {
         // Changed since it was opened (`save_to_disk` again into the same folder, a copy
         // still being written): the job stops naming the file, no row is a bad sample.
         let pooled = self.pooled(|| None)?;
-        self.same.check(&pooled.file, &self.path)?;
+        self.check_unchanged(&pooled.file)?;
         // Zeroed pages cost nothing until written: only the wanted spans are read into it.
         let mut body = MutableBuffer::from_len_zeroed(body_len);
         for span in &spans {
@@ -563,6 +594,45 @@ mod tests {
         );
         drop(shard);
         assert_eq!(pool.descriptors(), 0);
+    }
+
+    /// A shard of a store let go of its copy's lock once walked (it held one, a descriptor a
+    /// shard, from open to drop): the copy, evicted, is fetched again as the pool opens it
+    /// again, the same rows; the object rewritten meanwhile (the same length) stops the read,
+    /// naming it.
+    #[test]
+    fn a_fetched_shards_copy_is_let_go_and_fetched_again_once_evicted() {
+        use crate::storage::{evict_all, OneObject, Remake};
+        use arrow_array::cast::AsArray;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data-00000-of-00001.arrow");
+        write_stream(&path, &[b"old 1", b"old 2"]);
+        let one = OneObject::new(&std::fs::read(&path).unwrap());
+        let pool: &'static FilePool = Box::leak(Box::new(FilePool::with_budget(4)));
+        let copy = Remake::Fetched(one.object.clone()).copy().unwrap();
+        let uri = PathBuf::from("s3://bucket/set/a.txt");
+        let remake = Remake::Fetched(one.object.clone());
+        let shard = StreamFile::open_in(uri, Some((copy, remake)), pool).unwrap();
+        assert!(!shard._copy.as_ref().unwrap().is_locked());
+        let second = |shard: &StreamFile| {
+            let batch = shard.read_columns(0, &[0])?;
+            Ok::<_, Error>(batch.column(0).as_binary::<i32>().value(1).to_vec())
+        };
+        assert_eq!(second(&shard).unwrap(), b"old 2");
+        pool.forget_one(shard.pool_key);
+        evict_all(&one.cache);
+        assert!(!shard.read_from.exists(), "evicted");
+        assert_eq!(second(&shard).unwrap(), b"old 2");
+
+        write_stream(&path, &[b"new 1", b"new 2"]);
+        one.put(&std::fs::read(&path).unwrap());
+        pool.forget_one(shard.pool_key);
+        evict_all(&one.cache);
+        let error = second(&shard).unwrap_err();
+        assert!(
+            matches!(error, Error::ObjectChanged { .. }) && error.dataset_changed(),
+            "{error}"
+        );
     }
 
     /// A record batch claiming more rows than its body can hold is refused: 2^62 rows written

@@ -1,7 +1,9 @@
 //! A `save_to_disk` folder under an `s3://` prefix: `state.json` and `dataset_info.json` read
 //! through the cache tier, the `.arrow` shards that `state.json` lists fetched whole into it
 //! (an Arrow stream has no footer, so its batches are found by walking it from the start) and
-//! read there as local shards are, each copy locked in the cache while the dataset is open.
+//! a batch at a time, and read there as local shards are; each copy is let go of once walked
+//! (a lock descriptor each: a folder of more shards than the descriptor limit could not open),
+//! and one evicted by a cap is fetched again when next read, the version listed at open.
 //! A `DatasetDict` prefix (`dataset_dict.json`) reads the split asked for from its folder.
 //! Errors name the objects' `s3://` URIs.
 
@@ -17,7 +19,7 @@ use super::layout::{self, DICT_FILE, INFO_FILE, STATE_FILE};
 use super::HfDataset;
 use crate::error::{Error, Result};
 use crate::parquet_files::ParquetOptions;
-use crate::storage::{s3_location, ObjectCache, RemoteLocation, Store};
+use crate::storage::{s3_location, ObjectCache, Remake, RemoteLocation, RemoteObject, Store};
 
 impl HfDataset {
     /// Opens the `save_to_disk` folder under `uri` (`s3://BUCKET/PREFIX`) through `cache`, as
@@ -99,23 +101,31 @@ fn find<'a>(listing: &'a [ObjectMeta], name: &str) -> Option<&'a ObjectMeta> {
         .find(|object| object.location.filename() == Some(name))
 }
 
-/// Fetches the shards `objects` whole into the cache and opens each, named by its URI.
+/// Fetches the shards `objects` whole into the cache, a batch at a time, and opens each, named
+/// by its URI; each copy is let go of once walked (fetched again if evicted).
 fn open_shards(
-    cache: &ObjectCache,
+    cache: &Arc<ObjectCache>,
     store: &Arc<Store>,
     location: &RemoteLocation,
     objects: &[ObjectMeta],
 ) -> Result<Vec<StreamFile>> {
     cache.check_fits_whole(&location.uri(), "Arrow shards", objects)?;
-    let copies = cache.fetch_listed(store, location, objects)?;
-    objects
-        .iter()
-        .zip(copies)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|(object, copy)| {
-            let uri = PathBuf::from(location.uri_of(object.location.as_ref()));
-            StreamFile::open_copy(uri, Some(copy))
-        })
-        .collect()
+    cache.fetch_listed_in_batches(store, location, objects, |batch, copies| {
+        batch
+            .iter()
+            .zip(copies)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|(object, copy)| {
+                let uri = PathBuf::from(location.uri_of(object.location.as_ref()));
+                let remote = RemoteObject::new(
+                    Arc::clone(cache),
+                    Arc::clone(store),
+                    location,
+                    object.clone(),
+                );
+                StreamFile::open_copy(uri, copy, Remake::Fetched(remote))
+            })
+            .collect()
+    })
 }

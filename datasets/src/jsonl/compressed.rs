@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 pub use crate::files::is_jsonl_file_name;
 use crate::files::lowercase_name;
-use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
+use crate::storage::{DerivedSource, Remake};
 
 /// How a JSONL file is compressed, told by its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,15 +33,18 @@ impl Compression {
         }
     }
 
-    /// The decompressed copy of `path` in the cache tier, made now unless a copy of this
-    /// version of the file is there already.
-    pub(super) fn decompressed_copy(
-        self,
-        options: &ObjectCacheOptions,
-        path: &Path,
-    ) -> Result<CachedObject> {
-        derived_copy(options, path, "decompressed", &|source, out| {
-            self.decompress(source, out)
+    /// How the decompressed copy of `source` is made in the cache tier, a failure to
+    /// decompress naming `name` (the file, or the object's URI).
+    pub(super) fn remake(self, source: DerivedSource, name: &Path) -> Remake {
+        let name = name.to_path_buf();
+        Remake::derived(source, move |file, out| {
+            self.decompress(file, out).map_err(|error| match error {
+                Error::Decompress { source, .. } => Error::Decompress {
+                    path: name.clone(),
+                    source,
+                },
+                other => other,
+            })
         })
     }
 

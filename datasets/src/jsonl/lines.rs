@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions};
+use crate::storage::{CachedObject, Remake};
 
-use super::compressed::Compression;
 use super::lenient::BOM;
 
 /// One indexed line.
@@ -38,51 +37,11 @@ pub(super) struct JsonlFile {
     /// file cut (lines appended are left unread).
     same: SameFile,
     pub(super) lines: Vec<LineRef>,
-    /// The decompressed copy in the cache tier: locked while the file is indexed, or for as
-    /// long as the file is read when it cannot be made again (its room under the cap kept).
+    /// The copy in the cache tier (decompressed, or an object's): locked while the file is
+    /// indexed, then let go of (a derived copy's room under the cap kept).
     _copy: Option<CachedObject>,
-    /// How a local file's copy is made again once evicted.
+    /// How the copy is made or fetched again once evicted (`storage/remake.rs`).
     remake: Option<Remake>,
-}
-
-/// How a local compressed file's decompressed copy in the cache tier is made again: a set's
-/// copies are not held locked while it is open (a descriptor each: a set of more compressed
-/// files than the descriptor limit could not be opened), so a cap may evict one between two
-/// reads of it.
-pub(super) struct Remake {
-    /// The compressed file, as it was when the set was opened.
-    source: DerivedSource,
-    compression: Compression,
-}
-
-impl Remake {
-    /// How `source`, compressed by `compression`, is decompressed into the cache tier of
-    /// `options`.
-    pub(super) fn new(
-        source: &Path,
-        compression: Compression,
-        options: &ObjectCacheOptions,
-    ) -> Result<Remake> {
-        let source = DerivedSource::new(source, options, "decompressed")?;
-        Ok(Remake {
-            source,
-            compression,
-        })
-    }
-
-    /// The copy, made now unless it is in the cache tier.
-    pub(super) fn copy(&self) -> Result<CachedObject> {
-        let compression = self.compression;
-        self.source
-            .copy(&|source, out| compression.decompress(source, out))
-    }
-
-    /// The copy at `copy` opened again, made again from the source as it was if evicted.
-    fn open_again(&self, copy: &Path) -> Result<File> {
-        let compression = self.compression;
-        self.source
-            .open_again(copy, &|source, out| compression.decompress(source, out))
-    }
 }
 
 /// The line being scanned at open.
@@ -210,8 +169,8 @@ impl JsonlFile {
 
     /// The file opened again to read it: `read_from`, or, when that copy was evicted from the
     /// cache tier, the copy made again from its file as it was when the set was opened
-    /// ([`DerivedSource::open_again`]: a file changed since, lines appended included, stops
-    /// the job, naming it).
+    /// ([`Remake::open_again`]: a file changed since, lines appended included, or an object
+    /// rewritten, stops the job, naming it).
     fn open_again(&self) -> Result<File> {
         match &self.remake {
             Some(remake) => remake.open_again(&self.read_from),
@@ -222,10 +181,10 @@ impl JsonlFile {
 
     /// Refuses `file` (opened again by its path) when it is not the file indexed: see
     /// [`SameFile::check_appended`]; a copy that can be made again is checked by its length
-    /// ([`DerivedSource::check_copy`]).
+    /// ([`Remake::check_copy`]).
     fn check_unchanged(&self, file: &File) -> Result<()> {
         match self.remake {
-            Some(_) => DerivedSource::check_copy(file, &self.read_from, self.same.len()),
+            Some(_) => Remake::check_copy(file, &self.read_from, self.same.len()),
             None => self.same.check_appended(file, &self.path),
         }
     }
@@ -264,7 +223,9 @@ impl JsonlFile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::compressed::Compression;
     use super::*;
+    use crate::storage::{DerivedSource, ObjectCacheOptions};
 
     /// A file renamed over the indexed one, same length, other documents, read once the pool
     /// opens it again by its path (it let it go for others): refused, where before the other
@@ -317,7 +278,8 @@ mod tests {
         )
         .unwrap();
         let options = ObjectCacheOptions::new(dir.path().join("cache"));
-        let remake = Remake::new(&path, Compression::Gzip, &options).unwrap();
+        let source = DerivedSource::new(&path, &options, "decompressed").unwrap();
+        let remake = Compression::Gzip.remake(source, &path);
         let copy = remake.copy().unwrap();
         let file = JsonlFile::open(path.clone(), Some(copy), Some(remake)).unwrap();
         assert!(!file._copy.as_ref().unwrap().is_locked());
@@ -351,5 +313,41 @@ mod tests {
             matches!(&error, Error::FileReplaced { path: named, .. } if *named == path),
             "{error:?}"
         );
+    }
+
+    /// An object's copy (plain or decompressed) was held locked while its set was open, a
+    /// descriptor an object; let go of now, it is fetched (and decompressed) again once
+    /// evicted, the same lines.
+    #[test]
+    fn an_objects_copy_is_let_go_and_fetched_again_once_evicted() {
+        use crate::storage::{evict_all, OneObject};
+        let text = b"{\"text\": \"first\"}\n{\"text\": \"again\"}\n";
+        let plain = OneObject::new(text);
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gzip, text).unwrap();
+        let compressed = OneObject::new(&gzip.finish().unwrap());
+        let uri = PathBuf::from("s3://bucket/set/a.txt");
+        let source = DerivedSource::of_object(compressed.object.clone(), "decompressed").unwrap();
+        for (one, remake) in [
+            (&plain, Remake::Fetched(plain.object.clone())),
+            (&compressed, Compression::Gzip.remake(source, &uri)),
+        ] {
+            let copy = remake.copy().unwrap();
+            let file = JsonlFile::open(uri.clone(), Some(copy), Some(remake)).unwrap();
+            assert!(!file._copy.as_ref().unwrap().is_locked());
+            let pool = FilePool::with_budget(1);
+            let key = pool.reserve_keys(1).start;
+            assert_eq!(
+                file.line(&pool, key, file.lines[0]).unwrap(),
+                b"{\"text\": \"first\"}"
+            );
+            pool.forget(key..key + 1);
+            evict_all(&one.cache);
+            assert!(!file.read_from.exists(), "evicted");
+            assert_eq!(
+                file.line(&pool, key, file.lines[1]).unwrap(),
+                b"{\"text\": \"again\"}"
+            );
+        }
     }
 }

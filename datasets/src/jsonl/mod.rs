@@ -28,7 +28,7 @@ use crate::file_pool::{FileKey, FilePool};
 use crate::files::root_files;
 use crate::inspect::Summary;
 use crate::sample_source::SampleSource;
-use crate::storage::ObjectCacheOptions;
+use crate::storage::{DerivedSource, ObjectCacheOptions};
 
 mod compressed;
 mod lenient;
@@ -150,7 +150,8 @@ impl JsonlDocuments {
                         Some(in_force) => in_force,
                         None => cache()?,
                     };
-                    let remake = lines::Remake::new(&path, compression, &in_force)?;
+                    let source = DerivedSource::new(&path, &in_force, "decompressed")?;
+                    let remake = compression.remake(source, &path);
                     options = Some(in_force);
                     (Some(remake.copy()?), Some(remake))
                 }

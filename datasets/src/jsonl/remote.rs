@@ -1,8 +1,11 @@
 //! JSONL objects in an object store: the objects under an `s3://` prefix (or those that `s3://`
 //! patterns or a list name) are fetched whole into the cache tier, compressed ones decompressed
 //! there, and read as local files are. Indexing needs every byte of a file anyway (its line
-//! starts), so no range reads: each copy stays locked in the cache, out of the cap's reach, for
-//! as long as the documents are open. Errors name the objects' `s3://` URIs.
+//! starts), so no range reads. The copies are fetched a batch at a time and let go of once
+//! indexed (a lock descriptor each: a set of more files than the descriptor limit could not
+//! open): one evicted by a cap is fetched (and decompressed) again when next read, the version
+//! listed at open; an object rewritten since stops the job, naming it. Errors name the
+//! objects' `s3://` URIs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +16,9 @@ use super::compressed::{is_jsonl_file_name, Compression};
 use super::{JsonlDocuments, JsonlFile};
 use crate::error::{Error, Result};
 use crate::naming::{listed_of_split, RemoteFiles};
-use crate::storage::{s3_location, ObjectCache, RemoteLocation, Store};
+use crate::storage::{
+    s3_location, DerivedSource, ObjectCache, Remake, RemoteLocation, RemoteObject, Store,
+};
 
 impl JsonlDocuments {
     /// Opens the JSONL objects (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`) directly under `uri`
@@ -69,33 +74,38 @@ impl JsonlDocuments {
     }
 }
 
-/// Fetches `objects` whole into the cache, decompresses the compressed ones there, and indexes
-/// each, named by its URI.
+/// Fetches `objects` whole into the cache, a batch at a time, decompresses the compressed ones
+/// there, and indexes each, named by its URI; each copy is let go of once indexed (fetched, or
+/// decompressed, again if evicted).
 fn fetch_files(
-    cache: &ObjectCache,
+    cache: &Arc<ObjectCache>,
     store: &Arc<Store>,
     location: &RemoteLocation,
     objects: &[ObjectMeta],
 ) -> Result<Vec<JsonlFile>> {
     cache.check_fits_whole(&location.uri(), "JSONL files", objects)?;
-    let copies = cache.fetch_listed(store, location, objects)?;
-    let mut files = Vec::with_capacity(copies.len());
-    for (object, copy) in objects.iter().zip(copies) {
-        let uri = PathBuf::from(location.uri_of(object.location.as_ref()));
-        let copy = match Compression::of(&uri) {
-            None => copy,
-            // The compressed copy may go once the decompressed one is made.
-            Some(compression) => compression
-                .decompressed_copy(cache.options(), copy.path())
-                .map_err(|error| match error {
-                    Error::Decompress { source, .. } => Error::Decompress {
-                        path: uri.clone(),
-                        source,
-                    },
-                    other => other,
-                })?,
-        };
-        files.push(JsonlFile::open(uri, Some(copy), None)?);
-    }
-    Ok(files)
+    cache.fetch_listed_in_batches(store, location, objects, |batch, copies| {
+        let mut files = Vec::with_capacity(batch.len());
+        for (object, copy) in batch.iter().zip(copies) {
+            let uri = PathBuf::from(location.uri_of(object.location.as_ref()));
+            let remote = RemoteObject::new(
+                Arc::clone(cache),
+                Arc::clone(store),
+                location,
+                object.clone(),
+            );
+            let (copy, remake) = match Compression::of(&uri) {
+                None => (copy, Remake::Fetched(remote)),
+                Some(compression) => {
+                    let source = DerivedSource::of_object(remote, "decompressed")?;
+                    let remake = compression.remake(source, &uri);
+                    // The compressed copy may go once the decompressed one is made.
+                    drop(copy);
+                    (remake.copy()?, remake)
+                }
+            };
+            files.push(JsonlFile::open(uri, Some(copy), Some(remake))?);
+        }
+        Ok(files)
+    })
 }

@@ -1,7 +1,11 @@
 //! An MDS dataset under an `s3://` prefix, read through the cache tier: `index.json` and every
-//! shard it names are fetched whole (as Streaming itself downloads its shards) and held in the
-//! cache while the dataset is open; compressed shards are decompressed there once. Each sample
-//! is then read from the shard's local copy, as a local folder's are.
+//! shard it names are fetched whole at open (as Streaming itself downloads its shards), a batch
+//! at a time; compressed shards are decompressed there once. Each sample is then read from the
+//! shard's local copy, as a local folder's are. `index.json` is held in the cache while the
+//! dataset is open; the shards' copies are not (a lock descriptor each: a set of more shards
+//! than the descriptor limit could not open), so one evicted by a cap is fetched (and
+//! decompressed) again when next read, the version listed at open: an object rewritten since
+//! stops the job, naming it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,16 +14,17 @@ use std::time::Instant;
 
 use object_store::ObjectMeta;
 
-use super::shard::{decompress, Shard, ShardEntry, ShardFile};
+use super::shard::{decompressed, Shard, ShardEntry, ShardFile};
 use super::{mds_error, parse_index, MdsDataset, MdsOptions, MDS_INDEX_FILE};
 use crate::error::{Error, Result};
-use crate::storage::{derived_copy, s3_location, ObjectCache};
+use crate::storage::{s3_location, DerivedSource, ObjectCache, Remake, RemoteObject};
 
 impl MdsDataset {
     /// Opens the MDS dataset under `uri` (`s3://BUCKET/PREFIX`, the prefix `index.json` lies
     /// directly under) with the columns `options` names, read through `cache`. The shards are
-    /// fetched together at open and stay in the cache while the dataset lives: a set larger than
-    /// the cache's cap is refused, naming both sizes. Errors name the objects' `s3://` URIs.
+    /// fetched at open and must fit the cache's cap together: a set larger is refused, naming
+    /// both sizes; a shard evicted later (by another reader's cap) is fetched again when read.
+    /// Errors name the objects' `s3://` URIs.
     pub fn open_remote(
         uri: &str,
         cache: Arc<ObjectCache>,
@@ -109,35 +114,47 @@ impl MdsDataset {
                 ),
             ));
         }
-        let fetched = cache.fetch_listed(&store, &location, &objects)?;
-        let mut shards = Vec::with_capacity(entries.len());
-        for (((entry, object), zipped), copy) in
-            entries.iter().zip(&objects).zip(compressed).zip(fetched)
-        {
-            let path = PathBuf::from(location.uri_of(object.location.as_ref()));
-            let file = if zipped {
-                let decompressed = derived_copy(
-                    cache.options(),
-                    copy.path(),
-                    "decompressed",
-                    &|source, out| decompress(&entry.compression, source, &path, out),
-                )?;
-                ShardFile {
-                    read_from: decompressed.path().to_path_buf(),
-                    path,
-                    copy: Some(decompressed),
-                    remake: None,
+        // A batch at a time, each shard's copy let go of once its header is read: it is
+        // fetched (and decompressed) again if evicted.
+        let mut entries = entries.iter().zip(compressed);
+        let shards =
+            cache.fetch_listed_in_batches(&store, &location, &objects, |batch, copies| {
+                let mut shards = Vec::with_capacity(batch.len());
+                for (object, copy) in batch.iter().zip(copies) {
+                    let Some((entry, zipped)) = entries.next() else {
+                        break;
+                    };
+                    let path = PathBuf::from(location.uri_of(object.location.as_ref()));
+                    let remote = RemoteObject::new(
+                        Arc::clone(&cache),
+                        Arc::clone(&store),
+                        &location,
+                        object.clone(),
+                    );
+                    let file = if zipped {
+                        let source = DerivedSource::of_object(remote, "decompressed")?;
+                        let remake = decompressed(source, &entry.compression, &path);
+                        // The compressed copy may go once the decompressed one is made.
+                        drop(copy);
+                        let decompressed = remake.copy()?;
+                        ShardFile {
+                            read_from: decompressed.path().to_path_buf(),
+                            path,
+                            copy: Some(decompressed),
+                            remake: Some(remake),
+                        }
+                    } else {
+                        ShardFile {
+                            read_from: copy.path().to_path_buf(),
+                            path,
+                            copy: Some(copy),
+                            remake: Some(Remake::Fetched(remote)),
+                        }
+                    };
+                    shards.push(Shard::open(file, entry.samples)?);
                 }
-            } else {
-                ShardFile {
-                    read_from: copy.path().to_path_buf(),
-                    path,
-                    copy: Some(copy),
-                    remake: None,
-                }
-            };
-            shards.push(Shard::open(file, entry.samples)?);
-        }
+                Ok(shards)
+            })?;
         MdsDataset::assemble(
             root,
             (index_object.path().to_path_buf(), Some(index_object)),

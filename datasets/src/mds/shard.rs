@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::mds_error;
 use crate::error::{Error, Result};
 use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions};
+use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions, Remake};
 
 /// One shard: where it is read from and its samples' offsets.
 pub(super) struct Shard {
@@ -23,39 +23,12 @@ pub(super) struct Shard {
     pub(super) offsets: Vec<u32>,
     /// The file read from as it was opened: its device, inode and length.
     identity: SameFile,
-    /// The copy in the cache tier: locked while the shard is read, or, when it can be made
-    /// again, let go of after the header is read (its room under the cap kept).
+    /// The copy in the cache tier: let go of after the header is read (a descriptor a shard
+    /// would keep a set of more shards than the descriptor limit from opening; a derived
+    /// copy's room under the cap is kept).
     pub(super) _copy: Option<CachedObject>,
-    /// How the copy is made again once evicted.
+    /// How the copy is made or fetched again once evicted (`storage/remake.rs`).
     remake: Option<Remake>,
-}
-
-/// How a local compressed shard's decompressed copy in the cache tier is made again: a set's
-/// copies are not held locked while it is open (a descriptor each: a set of more compressed
-/// shards than the descriptor limit could not be opened), so another reader's cap may evict
-/// one between two reads of it.
-pub(super) struct Remake {
-    /// The compressed file, as it was when the set was opened.
-    source: DerivedSource,
-    compression: String,
-}
-
-impl Remake {
-    /// The copy, made now unless it is in the cache tier.
-    fn copy(&self) -> Result<CachedObject> {
-        self.source
-            .copy(&|source, out| self.decompress(source, out))
-    }
-
-    /// The copy at `copy` opened again, made again from the source as it was if evicted.
-    fn open_again(&self, copy: &Path) -> Result<File> {
-        self.source
-            .open_again(copy, &|source, out| self.decompress(source, out))
-    }
-
-    fn decompress(&self, source: &Path, out: &mut dyn std::io::Write) -> Result<()> {
-        decompress(&self.compression, source, self.source.source(), out)
-    }
 }
 
 /// Where a shard's bytes are, before its header is read.
@@ -197,10 +170,8 @@ pub(super) fn local_shard_file(
         (_, Some(zip)) => {
             let zip = root.join(zip);
             crate::referenced_files::check_data_file(&zip)?;
-            let remake = Remake {
-                source: DerivedSource::new(&zip, &options()?, "decompressed")?,
-                compression: entry.compression.clone(),
-            };
+            let source = DerivedSource::new(&zip, &options()?, "decompressed")?;
+            let remake = decompressed(source, &entry.compression, &zip);
             let copy = remake.copy()?;
             Ok(ShardFile {
                 read_from: copy.path().to_path_buf(),
@@ -214,6 +185,15 @@ pub(super) fn local_shard_file(
             std::io::ErrorKind::NotFound.into(),
         )),
     }
+}
+
+/// How the copy of a shard compressed by `compression` (named `path` in errors) is made
+/// from `source`.
+pub(super) fn decompressed(source: DerivedSource, compression: &str, path: &Path) -> Remake {
+    let (compression, path) = (compression.to_string(), path.to_path_buf());
+    Remake::derived(source, move |file, out| {
+        decompress(&compression, file, &path, out)
+    })
 }
 
 impl Shard {
@@ -291,17 +271,17 @@ impl Shard {
     /// compressed shard whose copy must be made again, see [`DerivedSource::open_again`]); a
     /// shard rewritten in place at the same length is not told.
     ///
-    /// A copy that can be made again is checked by its length ([`DerivedSource::check_copy`]).
+    /// A copy that can be had again is checked by its length ([`Remake::check_copy`]).
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
         match self.remake {
-            Some(_) => DerivedSource::check_copy(file, &self.read_from, self.identity.len()),
+            Some(_) => Remake::check_copy(file, &self.read_from, self.identity.len()),
             None => self.identity.check(file, &self.path),
         }
     }
 
     /// The shard's file opened again to read it: `read_from`, or, when that copy was evicted
-    /// from the cache tier, the copy made again from its source as it was when the set was
-    /// opened ([`DerivedSource::open_again`]: a source changed since stops the job, naming
+    /// from the cache tier, the copy made or fetched again from its source as it was when the
+    /// set was opened ([`Remake::open_again`]: a source changed since stops the job, naming
     /// it).
     pub(super) fn open_again(&self) -> Result<File> {
         match &self.remake {
@@ -312,8 +292,8 @@ impl Shard {
     }
 
     /// The version of the bytes the shard is read as: the file read, its length and its
-    /// modification time in nanoseconds. A copy that can be made again is named by its path
-    /// (which holds its source's size and time when the set was opened) and its length then:
+    /// modification time in nanoseconds. A copy that can be had again is named by its path
+    /// (which holds its source's version when the set was opened) and its length then:
     /// its own time changes when it is made again, and it may be evicted meanwhile.
     pub(super) fn version(&self) -> Result<(&Path, u64, u128)> {
         if self.remake.is_some() {

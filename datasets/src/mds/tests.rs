@@ -135,6 +135,71 @@ fn a_compressed_shards_copy_is_let_go_and_made_again_once_evicted() {
     assert_eq!(dataset.read(9).unwrap(), expected[9]);
 }
 
+/// A set under an `s3://` prefix held each shard's copy locked in the cache tier from open to
+/// drop (a descriptor a shard: a set of more shards than the descriptor limit could not open).
+/// Let go of now: evicted by a cap, a shard's copy is fetched (and decompressed) again at its
+/// next read, the same samples.
+#[cfg(feature = "s3")]
+#[test]
+fn a_remote_shards_copy_is_let_go_and_fetched_again_once_evicted() {
+    use crate::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+    use crate::storage::evict_all;
+    let temp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&temp.path().join("server"));
+    let mut options = ObjectCacheOptions::new(temp.path().join("cache"));
+    options.s3 = crate::S3Settings {
+        endpoint: Some(server.endpoint()),
+        access_key_id: Some(ACCESS_KEY.into()),
+        secret_access_key: Some(SECRET_KEY.into()),
+        region: Some("us-east-1".into()),
+        allow_http: false,
+    };
+    let cache = std::sync::Arc::new(crate::ObjectCache::new(options).unwrap());
+    let (columns, rows) = samples();
+    for compression in [None, Some("zstd")] {
+        let name = compression.unwrap_or("raw");
+        write_mds(
+            &server.bucket_dir("data").join(name),
+            &columns,
+            &rows,
+            4,
+            compression,
+        )
+        .unwrap();
+        let uri = format!("s3://data/{name}");
+        let options = MdsOptions::default();
+        let dataset =
+            MdsDataset::open_remote(&uri, std::sync::Arc::clone(&cache), &options).unwrap();
+        let expected: Vec<Vec<u8>> = (0..10).map(|k| dataset.read(k).unwrap()).collect();
+        for shard in &dataset.shards {
+            let copy = shard._copy.as_ref().expect("a copy in the cache tier");
+            assert!(!copy.is_locked(), "{} is held locked", shard.path.display());
+        }
+        FilePool::global().forget(dataset.pool_keys.clone());
+        evict_all(&cache);
+        for shard in &dataset.shards {
+            assert!(
+                !shard.read_from.exists(),
+                "{} evicted",
+                shard.read_from.display()
+            );
+        }
+        let gets = server.counts.object_gets();
+        for k in 0..10u64 {
+            assert_eq!(
+                dataset.read(k).unwrap(),
+                expected[k as usize],
+                "{uri} sample {k}"
+            );
+        }
+        assert_eq!(
+            server.counts.object_gets(),
+            gets + 3,
+            "{uri}: its 3 shards fetched again"
+        );
+    }
+}
+
 /// A copy made again after an eviction takes its own room under the cap: a set whose copies
 /// fill the cap but for a byte reads on once one is evicted, and a failure to make it again
 /// is the cache's, never a bad sample. Before, the evicted copy's room still counted against

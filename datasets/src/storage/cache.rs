@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::ObjectMeta;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::download::{self, FetchPlan};
 use super::entry::{CachedObject, Entry, PartFile};
@@ -58,6 +58,11 @@ use super::stats::Counters;
 use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
+
+/// Objects [`ObjectCache::fetch_listed_in_batches`] fetches and hands over at once: their
+/// locks, and their part files while they come, are the descriptors an open holds beside the
+/// pool's.
+pub(crate) const OPEN_BATCH: usize = 32;
 
 /// How long [`ObjectCache::materialise`] waits for entries another process holds.
 #[derive(Debug, Clone, Copy)]
@@ -232,6 +237,57 @@ impl ObjectCache {
         let ready = self.materialise(store, location, wanted, true, wait)?;
         self.enforce_cap()?;
         Ok(ready)
+    }
+
+    /// [`Self::fetch_listed`] [`OPEN_BATCH`] objects at a time, each batch handed to `open`
+    /// as it comes, which lets go of the objects' locks once it opened them (they can be
+    /// fetched again): a set of more objects than the descriptor limit opens holding a batch's
+    /// locks at once, not one per object.
+    pub(crate) fn fetch_listed_in_batches<T>(
+        &self,
+        store: &Arc<Store>,
+        location: &RemoteLocation,
+        objects: &[ObjectMeta],
+        mut open: impl FnMut(&[ObjectMeta], Vec<CachedObject>) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let mut opened = Vec::with_capacity(objects.len());
+        for batch in objects.chunks(OPEN_BATCH) {
+            let copies = self.fetch_listed(store, location, batch)?;
+            opened.extend(open(batch, copies)?);
+        }
+        Ok(opened)
+    }
+
+    /// The listed `object`'s whole copy, locked while the returned one lives: taken from the
+    /// cache when valid there, else fetched as listed (an object rewritten since is
+    /// [`Error::ObjectChanged`]). For a reader whose copy may have been evicted since it let
+    /// go of its lock; the cap is checked as range reads check it, once an eighth of it was
+    /// fetched.
+    pub(crate) fn fetch_one(
+        &self,
+        store: &Arc<Store>,
+        location: &RemoteLocation,
+        object: &ObjectMeta,
+    ) -> Result<CachedObject> {
+        let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
+        let wanted = vec![Wanted {
+            meta: object.clone(),
+            key: object.location.to_string(),
+            offset: 0,
+        }];
+        let wait = LockWait::Each(self.options.lock_timeout);
+        let copy = self
+            .materialise(store, location, wanted, true, wait)?
+            .pop()
+            .ok_or_else(|| Error::IncompleteObject {
+                uri: location.uri_of(object.location.as_ref()),
+                expected: object.size,
+                received: 0,
+            })?;
+        if let Err(error) = self.check_cap_after_fetch(fetched_before) {
+            warn!(%error, "the cache tier could not check its size cap");
+        }
+        Ok(copy)
     }
 
     /// The store of `location`'s bucket, for [`Self::read_ranges`].

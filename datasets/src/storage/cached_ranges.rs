@@ -124,7 +124,7 @@ impl ObjectCache {
             out.push(bytes);
         }
         // The bytes are read: a cap check that fails costs this read nothing.
-        if let Err(error) = self.after_range_fetch(fetched_before) {
+        if let Err(error) = self.check_cap_after_fetch(fetched_before) {
             warn!(%error, "the cache tier could not check its size cap");
         }
         Ok(out)
@@ -153,13 +153,14 @@ impl ObjectCache {
             let some: Vec<Wanted> = wanted.by_ref().take(READ_AHEAD_AT_ONCE).collect();
             drop(self.materialise(store, location, some, false, LockWait::InAll(RANGE_WAIT))?);
         }
-        self.after_range_fetch(fetched_before)
+        self.check_cap_after_fetch(fetched_before)
     }
 
-    /// Enforces the cap once an eighth of it was fetched by range reads into the folder since
-    /// the last time, by any process using it (a check walks the cache folder);
+    /// Enforces the cap once an eighth of it was fetched (by range reads, or objects fetched
+    /// again for readers that let go of them) into the folder since the last time, by any
+    /// process using it (a check walks the cache folder);
     /// `fetched_before` is the byte counter before this fetch.
-    fn after_range_fetch(&self, fetched_before: u64) -> Result<()> {
+    pub(super) fn check_cap_after_fetch(&self, fetched_before: u64) -> Result<()> {
         let fetched = self
             .counters
             .bytes_fetched

@@ -1,13 +1,16 @@
-//! Files made from local files, kept in the cache tier beside the remote objects: a compressed
-//! JSONL file decompressed once, then read at random like a plain one.
+//! Files made from files, kept in the cache tier beside the remote objects: a compressed JSONL
+//! file or MDS shard (local, or a remote object's copy) decompressed once, then read at random
+//! like a plain one.
 //!
 //! A derived copy lives under `<cache>/local/` at its source's absolute path plus a suffix
 //! naming the transformation and the source's version (its size and modification time:
-//! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`), with the same
-//! companions as a remote entry: a `.stoker-meta` file recording the source's size and
-//! modification time and the copy's size, and a `.stoker-lock` file locked shared while the
-//! copy is read (the copies of a local MDS or JSONL set only while made and opened: a set of
-//! thousands would hold a descriptor each; its files make theirs again once evicted). A source that
+//! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`; a remote object's
+//! copy, whose path in the cache names the object's version already, by its size and time 0,
+//! so the copy keeps its name when the object is fetched again), with the same companions as a
+//! remote entry: a `.stoker-meta` file recording the source's size and modification time and
+//! the copy's size, and a `.stoker-lock` file locked shared while the copy is read (the copies
+//! of an MDS or JSONL set only while made and opened: a set of thousands would hold a
+//! descriptor each; its files make theirs again once evicted, `remake.rs`). A source that
 //! changed gets a copy of its own, beside the old one that a running job may still read
 //! (eviction takes the old one once nothing reads it). Processes
 //! wait for a shared lock first: one making the copy holds it exclusive until the copy is
@@ -36,6 +39,7 @@ use super::eviction::evict_to_cap;
 use super::fetch_meter::FetchMeter;
 use super::materialise::MAX_FETCHES;
 use super::options::ObjectCacheOptions;
+use super::remote_object::RemoteObject;
 use super::stats::Counters;
 use crate::error::{Error, Result};
 use crate::same_file::{reopen_error, SameFile};
@@ -56,6 +60,28 @@ struct DerivedMeta {
 fn source_identity(source: &Path) -> Result<(u64, u128)> {
     let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
     Ok(identity_of(&metadata))
+}
+
+/// What a copy's source is, which says how its version is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceKind {
+    /// A file of the user's: its version is its size and modification time.
+    File,
+    /// A remote object's copy in the cache tier: its path names the object's version, so its
+    /// version is its size alone (the time 0); the time changes each time it is fetched again
+    /// after an eviction, and the copy made from it must keep its name.
+    Fetched,
+}
+
+impl SourceKind {
+    /// The identity of `source` of this kind.
+    fn identity(self, source: &Path) -> Result<(u64, u128)> {
+        let (size, modified_ns) = source_identity(source)?;
+        Ok(match self {
+            SourceKind::File => (size, modified_ns),
+            SourceKind::Fetched => (size, 0),
+        })
+    }
 }
 
 /// The identity `metadata` gives: the size and modification time.
@@ -112,7 +138,18 @@ pub fn derived_copy(
     transform: &str,
     make: &dyn Fn(&Path, &mut dyn Write) -> Result<()>,
 ) -> Result<CachedObject> {
-    let identity = source_identity(source)?;
+    derive(options, source, SourceKind::File, transform, make)
+}
+
+/// [`derived_copy`] of `source`, a source of `kind`.
+fn derive(
+    options: &ObjectCacheOptions,
+    source: &Path,
+    kind: SourceKind,
+    transform: &str,
+    make: Make<'_>,
+) -> Result<CachedObject> {
+    let identity = kind.identity(source)?;
     let data = copy_path(&options.dir, source, transform, identity)?;
     let meta = with_suffix(&data, META_SUFFIX);
     let lock_path = with_suffix(&data, LOCK_SUFFIX);
@@ -140,7 +177,7 @@ pub fn derived_copy(
                 cap: options.max_bytes,
                 held: held_copies_except(&options.dir, &data),
             };
-            make_copy(room, source, &data, &meta, identity, make)?;
+            make_copy(room, (source, kind), &data, &meta, identity, make)?;
         }
         downgrade(&mut lock, &lock_path, timeout, written)?;
         if let Some(size) = is_valid(&data, &meta, identity) {
@@ -166,21 +203,31 @@ pub fn derived_copy(
     ))
 }
 
-/// How a copy is made from a local file.
+/// How a copy is made from a file: the source file and the writer of the copy.
 pub(crate) type Make<'a> = &'a dyn Fn(&Path, &mut dyn Write) -> Result<()>;
 
-/// A local file a copy is derived from, as it was when its set was opened: what a reader that
-/// let go of the copy's lock ([`CachedObject::release_lock`]) needs to make the copy again
-/// once it was evicted, from that file as it was and no other.
+/// What a copy is derived from, as it was when its set was opened: what a reader that let go
+/// of the copy's lock ([`CachedObject::release_lock`]) needs to make the copy again once it
+/// was evicted, from those bytes and no others.
 pub(crate) struct DerivedSource {
+    /// The file copies are made from: a local file, or a remote object's copy in the cache.
     source: PathBuf,
-    opened: SameFile,
+    origin: Origin,
     options: ObjectCacheOptions,
     transform: &'static str,
 }
 
+/// Where a [`DerivedSource`]'s file comes from.
+enum Origin {
+    /// A local file, as it was opened (its device, inode and length).
+    File(SameFile),
+    /// A remote object, as listed: its copy in the cache tier, fetched again if evicted.
+    Object(RemoteObject),
+}
+
 impl DerivedSource {
-    /// `source` as it is now, its copies made by `transform` in the cache tier of `options`.
+    /// The local file `source` as it is now, its copies made by `transform` in the cache tier
+    /// of `options`.
     pub(crate) fn new(
         source: &Path,
         options: &ObjectCacheOptions,
@@ -189,26 +236,46 @@ impl DerivedSource {
         let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
         Ok(DerivedSource {
             source: source.to_path_buf(),
-            opened: SameFile::of(&metadata),
+            origin: Origin::File(SameFile::of(&metadata)),
             options: options.clone(),
             transform,
         })
     }
 
-    /// The file copies are made from.
-    pub(crate) fn source(&self) -> &Path {
-        &self.source
+    /// The remote `object` as listed, its copies made by `transform` from its copy in the
+    /// cache tier it is read through, and kept there. Such a copy is named by the object's
+    /// version, not its copy's time: made again after both were evicted, it has the name it
+    /// had.
+    pub(crate) fn of_object(
+        object: RemoteObject,
+        transform: &'static str,
+    ) -> Result<DerivedSource> {
+        Ok(DerivedSource {
+            source: object.copy_path()?,
+            options: object.cache_options().clone(),
+            origin: Origin::Object(object),
+            transform,
+        })
     }
 
-    /// The copy `make` writes, made now unless it is in the cache tier ([`derived_copy`]).
+    /// The copy `make` writes, made now unless it is in the cache tier ([`derived_copy`]); a
+    /// remote object's copy is fetched first unless it is there, and held while it is read.
     pub(crate) fn copy(&self, make: Make<'_>) -> Result<CachedObject> {
-        derived_copy(&self.options, &self.source, self.transform, make)
+        match &self.origin {
+            Origin::File(_) => derived_copy(&self.options, &self.source, self.transform, make),
+            Origin::Object(object) => {
+                let fetched = object.fetch_whole()?;
+                let kind = SourceKind::Fetched;
+                derive(&self.options, fetched.path(), kind, self.transform, make)
+            }
+        }
     }
 
     /// The copy at `copy` opened again to be read; when it was evicted, made again, but only
-    /// from the source as it was: a source changed since (its size, time, device or inode:
+    /// from the source as it was: a local file changed since (its size, time, device or inode:
     /// appended to, touched, rewritten, renamed over) is [`Error::FileReplaced`], one gone
-    /// [`Error::FileRemoved`], both naming the source; a failure to make it again is the
+    /// [`Error::FileRemoved`], both naming the file; a remote object rewritten since is
+    /// [`Error::ObjectChanged`] as it is fetched again; a failure to make it again is the
     /// cache's ([`remade_error`]). The copy made is not held locked once open: an eviction
     /// after that leaves the open file readable.
     pub(crate) fn open_again(&self, copy: &Path, make: Make<'_>) -> Result<File> {
@@ -217,15 +284,29 @@ impl DerivedSource {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => error,
             Err(error) => return Err(Error::cache(copy, error)),
         };
+        if let Origin::File(opened) = &self.origin {
+            self.check_source(opened, copy)?;
+        }
+        let made = self.copy(make).map_err(|error| remade_error(copy, error))?;
+        tracing::debug!(copy = %copy.display(), %error, "an evicted copy made again");
+        if made.path() != copy {
+            return Err(match &self.origin {
+                Origin::File(opened) => {
+                    let now_len = source_identity(&self.source).map_or(0, |(len, _)| len);
+                    self.replaced(opened, now_len)
+                }
+                Origin::Object(_) => made_elsewhere(copy, made.path()),
+            });
+        }
+        File::open(made.path()).map_err(|error| Error::cache(made.path(), error))
+    }
+
+    /// `Ok` when the local file is still as it was opened, the copy at `copy` made from it.
+    fn check_source(&self, opened: &SameFile, copy: &Path) -> Result<()> {
         let source = &self.source;
         let metadata =
             std::fs::metadata(source).map_err(|error| reopen_error(source, source, error))?;
-        let replaced = || Error::FileReplaced {
-            path: source.clone(),
-            opened_len: self.opened.len(),
-            now_len: metadata.len(),
-        };
-        self.opened.matches(SameFile::of(&metadata), source)?;
+        opened.matches(SameFile::of(&metadata), source)?;
         // Its time too: a copy's name holds its source's size and time.
         let now = copy_path(
             &self.options.dir,
@@ -234,33 +315,43 @@ impl DerivedSource {
             identity_of(&metadata),
         )?;
         if now != copy {
-            return Err(replaced());
+            return Err(self.replaced(opened, metadata.len()));
         }
-        let made = self.copy(make).map_err(|error| remade_error(copy, error))?;
-        tracing::debug!(copy = %copy.display(), %error, "an evicted copy made again");
-        if made.path() != copy {
-            return Err(replaced());
-        }
-        File::open(made.path()).map_err(|error| Error::cache(made.path(), error))
+        Ok(())
     }
 
-    /// `Ok` when `file`, the copy at `copy` opened again, has the `len` it had when its set was
-    /// opened: made again from the same source it is another file of the same bytes; one of
-    /// another length is a damaged copy, the cache's fault.
-    pub(crate) fn check_copy(file: &File, copy: &Path, len: u64) -> Result<()> {
-        let now = SameFile::of_file(file, copy)?.len();
-        if now == len {
-            return Ok(());
+    /// The local file changed since it was opened, `now_len` bytes long now.
+    fn replaced(&self, opened: &SameFile, now_len: u64) -> Error {
+        Error::FileReplaced {
+            path: self.source.clone(),
+            opened_len: opened.len(),
+            now_len,
         }
-        let problem = format!("the copy is {now} bytes; it was {len} when its set was opened");
-        Err(Error::cache(copy, std::io::Error::other(problem)))
     }
+}
+
+/// A copy made again at `made` rather than at `copy`, where it was: the cache's fault.
+pub(super) fn made_elsewhere(copy: &Path, made: &Path) -> Error {
+    let problem = format!("it was made again as {}", made.display());
+    Error::cache(copy, std::io::Error::other(problem))
+}
+
+/// `Ok` when `file`, the copy at `copy` opened again, has the `len` it had when its set was
+/// opened: made again from the same source it is another file of the same bytes; one of
+/// another length is a damaged copy, the cache's fault.
+pub(super) fn check_copy(file: &File, copy: &Path, len: u64) -> Result<()> {
+    let now = SameFile::of_file(file, copy)?.len();
+    if now == len {
+        return Ok(());
+    }
+    let problem = format!("the copy is {now} bytes; it was {len} when its set was opened");
+    Err(Error::cache(copy, std::io::Error::other(problem)))
 }
 
 /// The error of making again, for a reader, a copy evicted since its set was opened: it was
 /// made from the same source then, so a failure now (the cap or the disk full, a write that
 /// failed) is this node's cache's, never the sample's; other faults stay what they were.
-fn remade_error(copy: &Path, error: Error) -> Error {
+pub(super) fn remade_error(copy: &Path, error: Error) -> Error {
     match error.read_fault() {
         crate::error::ReadFault::Sample => Error::Cache {
             path: copy.to_path_buf(),
@@ -284,7 +375,7 @@ struct Room {
 /// the lock is held exclusive.
 fn make_copy(
     room: Room,
-    source: &Path,
+    (source, kind): (&Path, SourceKind),
     data: &Path,
     meta: &Path,
     identity: (u64, u128),
@@ -302,7 +393,7 @@ fn make_copy(
     // The source replaced while it was read: the copy, named for the version looked at
     // first, is not kept.
     let made = write_part(&part, source, room, make).and_then(|size| {
-        let now = source_identity(source)?;
+        let now = kind.identity(source)?;
         if now != identity {
             return Err(Error::FileReplaced {
                 path: source.to_path_buf(),

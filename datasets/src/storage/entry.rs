@@ -15,8 +15,9 @@
 //! s3/<bucket>/<key>.stoker-ranges/<a>-<b> bytes a..b of the object, read lazily (an entry with
 //!                                         its own .stoker-meta / .stoker-lock / parts)
 //! local/<absolute path>.<transform>-<source size>-<source mtime ns>
-//!                                         a copy made from a local file (`derived.rs`), with
-//!                                         the same .stoker-meta / .stoker-lock companions
+//!                                         a copy made from a local file or an object's
+//!                                         copy (mtime 0: see `derived.rs`), with the same
+//!                                         .stoker-meta / .stoker-lock companions
 //! tar-indexes/<bucket>/...                remote tar sets' indexes (`tar_shards/remote.rs`)
 //! ```
 

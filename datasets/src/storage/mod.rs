@@ -16,8 +16,12 @@
 //! - `RemoteObject`: one listed object read by byte ranges through the cache, which
 //!   `file_bytes.rs` reads a token file's windows from as it reads a local file's, and Parquet
 //!   its footers and column chunks.
-//! - `derived_copy`: a file made once from a local file (a compressed JSONL file
-//!   decompressed) and kept in the same tier, under the same cap and locks.
+//! - `derived_copy`: a file made once from a local file or an object's copy (a compressed
+//!   JSONL file or MDS shard decompressed) and kept in the same tier, under the same cap and
+//!   locks.
+//! - `Remake` (`remake.rs`): how a copy a set's open made or fetched is had again once
+//!   evicted: a set's copies are not held locked once opened (a descriptor each), so a set of
+//!   more files than the descriptor limit opens.
 //!
 //! Design choice: the cache keeps whole objects for what is read whole (an index, a
 //! compressed JSONL file) and ranges for samples read by position (`<key>.stoker-ranges/`
@@ -50,6 +54,7 @@ mod fetch_meter;
 mod materialise;
 mod options;
 mod prefetch;
+mod remake;
 mod remote_object;
 mod s3_client;
 mod stats;
@@ -64,6 +69,9 @@ pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub(crate) use prefetch::{Hint, Prefetcher};
+#[cfg(test)]
+pub(crate) use remake::tests::{evict_all, OneObject};
+pub(crate) use remake::Remake;
 pub(crate) use remote_object::{list_remote, ByteRanges, RemoteObject};
 pub(crate) use s3_client::Store;
 pub(crate) use uri::s3_location;

@@ -1,7 +1,9 @@
-//! One object of a store read by byte ranges through the cache tier, for formats whose readers
-//! want ranges (Parquet's footers and column chunks).
+//! One object of a store read through the cache tier: by byte ranges, for formats whose readers
+//! want ranges (Parquet's footers and column chunks), or whole, fetched again for a reader
+//! whose copy was evicted since it let go of it (`remake.rs`).
 
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use object_store::ObjectMeta;
@@ -9,6 +11,8 @@ use object_store::ObjectMeta;
 use tracing::warn;
 
 use super::cache::ObjectCache;
+use super::entry::{CachedObject, Entry};
+use super::options::ObjectCacheOptions;
 use super::prefetch::Prefetcher;
 use super::s3_client::Store;
 use super::uri::{s3_location, RemoteLocation};
@@ -28,6 +32,7 @@ pub(crate) trait ByteRanges: Send + Sync {
 }
 
 /// An object as listed, with what it is read through.
+#[derive(Clone)]
 pub(crate) struct RemoteObject {
     cache: Arc<ObjectCache>,
     store: Arc<Store>,
@@ -54,6 +59,23 @@ impl RemoteObject {
     /// The object's `s3://` URI.
     pub(crate) fn uri(&self) -> String {
         self.location.uri_of(self.object.location.as_ref())
+    }
+
+    /// Where its whole copy lies in the cache tier (whether it is there or not).
+    pub(crate) fn copy_path(&self) -> Result<PathBuf> {
+        Ok(Entry::new(&self.cache.options().dir, &self.location, &self.object)?.data)
+    }
+
+    /// The options of the cache tier it is read through.
+    pub(crate) fn cache_options(&self) -> &ObjectCacheOptions {
+        self.cache.options()
+    }
+
+    /// Its whole copy in the cache tier, locked while the returned one lives: fetched as
+    /// listed unless there ([`ObjectCache::fetch_one`]).
+    pub(crate) fn fetch_whole(&self) -> Result<CachedObject> {
+        self.cache
+            .fetch_one(&self.store, &self.location, &self.object)
     }
 
     /// The figures of the cache tier it is read through.
