@@ -94,16 +94,15 @@ fn fetch_files(
                 location,
                 object.clone(),
             );
-            let (copy, remake) = match Compression::of(&uri) {
-                None => (copy, Remake::Fetched(remote)),
+            let remake = match Compression::of(&uri) {
+                None => Remake::Fetched(remote),
                 Some(compression) => {
                     let source = DerivedSource::of_object(remote, "decompressed")?;
-                    let remake = compression.remake(source, &uri);
-                    // The compressed copy may go once the decompressed one is made.
-                    drop(copy);
-                    (remake.copy()?, remake)
+                    compression.remake(source, &uri)
                 }
             };
+            // A compressed file's copy goes once the decompressed one is made.
+            let copy = remake.copy_from(copy)?;
             files.push(JsonlFile::open(uri, Some(copy), Some(remake))?);
         }
         Ok(files)

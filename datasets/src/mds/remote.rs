@@ -110,7 +110,8 @@ impl MdsDataset {
                 &root,
                 format!(
                     "its shards are {bytes} bytes, over the cache tier's cap of {cap} bytes \
-                     (STOKER_CACHE_MAX_BYTES); they are held in the cache while read"
+                     (STOKER_CACHE_MAX_BYTES); they are fetched into the cache as the set opens \
+                     and read from there"
                 ),
             ));
         }
@@ -131,25 +132,19 @@ impl MdsDataset {
                         &location,
                         object.clone(),
                     );
-                    let file = if zipped {
+                    let remake = if zipped {
                         let source = DerivedSource::of_object(remote, "decompressed")?;
-                        let remake = decompressed(source, &entry.compression, &path);
-                        // The compressed copy may go once the decompressed one is made.
-                        drop(copy);
-                        let decompressed = remake.copy()?;
-                        ShardFile {
-                            read_from: decompressed.path().to_path_buf(),
-                            path,
-                            copy: Some(decompressed),
-                            remake: Some(remake),
-                        }
+                        decompressed(source, &entry.compression, &path)
                     } else {
-                        ShardFile {
-                            read_from: copy.path().to_path_buf(),
-                            path,
-                            copy: Some(copy),
-                            remake: Some(Remake::Fetched(remote)),
-                        }
+                        Remake::Fetched(remote)
+                    };
+                    // A compressed shard's copy goes once the decompressed one is made.
+                    let copy = remake.copy_from(copy)?;
+                    let file = ShardFile {
+                        read_from: copy.path().to_path_buf(),
+                        path,
+                        copy: Some(copy),
+                        remake: Some(remake),
                     };
                     shards.push(Shard::open(file, entry.samples)?);
                 }

@@ -138,7 +138,7 @@ fn a_compressed_shards_copy_is_let_go_and_made_again_once_evicted() {
 /// A set under an `s3://` prefix held each shard's copy locked in the cache tier from open to
 /// drop (a descriptor a shard: a set of more shards than the descriptor limit could not open).
 /// Let go of now: evicted by a cap, a shard's copy is fetched (and decompressed) again at its
-/// next read, the same samples.
+/// next read, the same samples, or, its object rewritten since it was listed, none.
 #[cfg(feature = "s3")]
 #[test]
 fn a_remote_shards_copy_is_let_go_and_fetched_again_once_evicted() {
@@ -196,6 +196,34 @@ fn a_remote_shards_copy_is_let_go_and_fetched_again_once_evicted() {
             server.counts.object_gets(),
             gets + 3,
             "{uri}: its 3 shards fetched again"
+        );
+
+        // The first shard's object rewritten since it was listed (here only its time: this
+        // store lists no ETags), while its copy is gone: the job stops, naming it. Before, an
+        // object of such a store was fetched again as whatever it held by then.
+        FilePool::global().forget(dataset.pool_keys.clone());
+        evict_all(&cache);
+        let object = dataset.shards[0]
+            .path
+            .to_string_lossy()
+            .replace("s3://data/", "");
+        let object = server.bucket_dir("data").join(object);
+        let later = std::fs::metadata(&object).unwrap().modified().unwrap()
+            + std::time::Duration::from_secs(10);
+        std::fs::File::options()
+            .write(true)
+            .open(&object)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let error = dataset.read(0).unwrap_err();
+        assert!(
+            matches!(error, Error::ObjectChanged { .. }),
+            "{uri}: {error}"
+        );
+        assert!(
+            error.dataset_changed() && error.to_string().contains(&uri),
+            "{error}"
         );
     }
 }

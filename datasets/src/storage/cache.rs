@@ -48,7 +48,7 @@ use std::time::Instant;
 use object_store::ObjectMeta;
 use tracing::{info, warn};
 
-use super::download::{self, FetchPlan};
+use super::download::{self, FetchPlan, Listed};
 use super::entry::{CachedObject, Entry, PartFile};
 use super::eviction::evict_to_cap;
 use super::fetch_meter::FetchMeter;
@@ -101,11 +101,25 @@ pub struct ObjectCache {
 }
 
 /// An entry to materialise: its identity in the cache (`meta`: a listed object, or a range of
-/// one named by [`RANGES_SUFFIX`]), and where its bytes are: object `key` from `offset`.
+/// one named by [`RANGES_SUFFIX`]), and where its bytes are: object `key` (of `object_size`
+/// bytes) from `offset`.
 pub(super) struct Wanted {
     pub(super) meta: ObjectMeta,
     pub(super) key: String,
     pub(super) offset: u64,
+    /// The whole object's size as listed.
+    pub(super) object_size: u64,
+}
+
+impl Wanted {
+    /// The version its GETs must be answered with: the object's as listed.
+    pub(super) fn listed(&self) -> Listed {
+        Listed {
+            e_tag: self.meta.e_tag.clone(),
+            size: Some(self.object_size),
+            last_modified: Some(self.meta.last_modified),
+        }
+    }
 }
 
 impl std::fmt::Debug for ObjectCache {
@@ -195,8 +209,9 @@ impl ObjectCache {
     }
 
     /// Refuses a set of `objects` a format reads whole (`what`, of `uri`) that is larger than
-    /// the cap: they are held in the cache for as long as they are read, so their download
-    /// would go past the cap and, where the disk is smaller, fail once it was full.
+    /// the cap: they are fetched into the cache as the set opens, and read from there, so
+    /// their download would go past the cap (and evict its own objects before they are read)
+    /// and, where the disk is smaller, fail once it was full.
     pub(crate) fn check_fits_whole(
         &self,
         uri: &str,
@@ -208,9 +223,9 @@ impl ObjectCache {
         if bytes > cap {
             return Err(Error::CacheConfig(format!(
                 "the {what} of {uri} are {bytes} bytes, over the cache tier's cap of {cap} \
-                 bytes (STOKER_CACHE_MAX_BYTES): they are read whole and held in the cache \
-                 while read; raise the cap on a disk that holds them, or write the set as \
-                 Parquet files, which are read by ranges"
+                 bytes (STOKER_CACHE_MAX_BYTES): they are read whole, from the cache; raise \
+                 the cap on a disk that holds them, or write the set as Parquet files, which \
+                 are read by ranges"
             )));
         }
         Ok(())
@@ -218,23 +233,14 @@ impl ObjectCache {
 
     /// Materialises the listed `objects` of `location`'s bucket whole and returns them in
     /// order, each locked in the cache for as long as it is kept (the objects a source reads
-    /// whole: JSONL files, Arrow shards).
+    /// whole: an index).
     pub(crate) fn fetch_listed(
         &self,
         store: &Arc<Store>,
         location: &RemoteLocation,
         objects: &[ObjectMeta],
     ) -> Result<Vec<CachedObject>> {
-        let wanted = objects
-            .iter()
-            .map(|object| Wanted {
-                meta: object.clone(),
-                key: object.location.to_string(),
-                offset: 0,
-            })
-            .collect();
-        let wait = LockWait::Each(self.options.lock_timeout);
-        let ready = self.materialise(store, location, wanted, true, wait)?;
+        let ready = self.fetch_whole(store, location, objects)?;
         self.enforce_cap()?;
         Ok(ready)
     }
@@ -242,7 +248,9 @@ impl ObjectCache {
     /// [`Self::fetch_listed`] [`OPEN_BATCH`] objects at a time, each batch handed to `open`
     /// as it comes, which lets go of the objects' locks once it opened them (they can be
     /// fetched again): a set of more objects than the descriptor limit opens holding a batch's
-    /// locks at once, not one per object.
+    /// locks at once, not one per object. The cap is checked as range reads check it, once an
+    /// eighth of it was fetched (a check walks the cache folder: one after each batch would
+    /// walk a large folder thousands of times), and once at the end.
     pub(crate) fn fetch_listed_in_batches<T>(
         &self,
         store: &Arc<Store>,
@@ -252,9 +260,12 @@ impl ObjectCache {
     ) -> Result<Vec<T>> {
         let mut opened = Vec::with_capacity(objects.len());
         for batch in objects.chunks(OPEN_BATCH) {
-            let copies = self.fetch_listed(store, location, batch)?;
+            let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
+            let copies = self.fetch_whole(store, location, batch)?;
+            self.check_cap_after_fetch(fetched_before)?;
             opened.extend(open(batch, copies)?);
         }
+        self.enforce_cap()?;
         Ok(opened)
     }
 
@@ -270,24 +281,40 @@ impl ObjectCache {
         object: &ObjectMeta,
     ) -> Result<CachedObject> {
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let wanted = vec![Wanted {
-            meta: object.clone(),
-            key: object.location.to_string(),
-            offset: 0,
-        }];
-        let wait = LockWait::Each(self.options.lock_timeout);
         let copy = self
-            .materialise(store, location, wanted, true, wait)?
+            .fetch_whole(store, location, std::slice::from_ref(object))?
             .pop()
-            .ok_or_else(|| Error::IncompleteObject {
-                uri: location.uri_of(object.location.as_ref()),
-                expected: object.size,
-                received: 0,
+            .ok_or_else(|| {
+                let uri = location.uri_of(object.location.as_ref());
+                Error::cache(
+                    uri,
+                    std::io::Error::other("the cache tier returned no copy"),
+                )
             })?;
         if let Err(error) = self.check_cap_after_fetch(fetched_before) {
             warn!(%error, "the cache tier could not check its size cap");
         }
         Ok(copy)
+    }
+
+    /// The whole copies of the listed `objects`, each locked ([`Self::materialise`]).
+    fn fetch_whole(
+        &self,
+        store: &Arc<Store>,
+        location: &RemoteLocation,
+        objects: &[ObjectMeta],
+    ) -> Result<Vec<CachedObject>> {
+        let wanted = objects
+            .iter()
+            .map(|object| Wanted {
+                meta: object.clone(),
+                key: object.location.to_string(),
+                offset: 0,
+                object_size: object.size,
+            })
+            .collect();
+        let wait = LockWait::Each(self.options.lock_timeout);
+        self.materialise(store, location, wanted, true, wait)
     }
 
     /// The store of `location`'s bucket, for [`Self::read_ranges`].
@@ -345,16 +372,16 @@ impl ObjectCache {
         ))
     }
 
-    /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once); of
-    /// the version `e_tag` when given (see [`download::get_range`]).
+    /// Reads bytes `range` of the listed `object`, bypassing the cache (a shard scanned once),
+    /// of the version listed (see [`download::get_range`]).
     pub(crate) fn read_uncached(
         &self,
         store: &Store,
         location: &RemoteLocation,
-        key: &str,
-        e_tag: Option<&str>,
+        object: &ObjectMeta,
         range: Range<u64>,
     ) -> Result<bytes::Bytes> {
+        let key = object.location.as_ref();
         let plan = FetchPlan {
             part_size: self.options.part_size,
             concurrency: self.options.concurrency,
@@ -364,7 +391,7 @@ impl ObjectCache {
             store,
             key,
             &location.uri_of(key),
-            e_tag,
+            &Listed::of(object),
             range,
             plan,
             &self.counters,
@@ -790,13 +817,7 @@ mod tests {
             .expect_err("a range of another version was served");
         assert!(matches!(error, Error::ObjectChanged { .. }), "{error}");
         let error = cache
-            .read_uncached(
-                &store,
-                &location,
-                "set/a.bin",
-                listing[0].e_tag.as_deref(),
-                0..8,
-            )
+            .read_uncached(&store, &location, &listing[0], 0..8)
             .expect_err("a scan read another version");
         assert!(matches!(error, Error::ObjectChanged { .. }), "{error}");
         // Listed again, the new version is read.

@@ -38,6 +38,7 @@ pub(super) fn range_wanted(object: &ObjectMeta, range: &Range<u64>) -> Wanted {
         },
         key,
         offset: range.start,
+        object_size: object.size,
     }
 }
 
@@ -63,12 +64,10 @@ impl ObjectCache {
                 if past.is_power_of_two() {
                     warn!(%error, reads_past_the_cache = past, "the cache tier cannot hold these ranges; reading them from the store");
                 }
-                let key = object.location.as_ref();
-                let e_tag = object.e_tag.as_deref();
                 ranges
                     .iter()
                     .map(|range| {
-                        self.read_uncached(store, location, key, e_tag, range.clone())
+                        self.read_uncached(store, location, object, range.clone())
                             .map(|bytes| bytes.to_vec())
                     })
                     .collect()

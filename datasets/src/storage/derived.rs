@@ -5,8 +5,8 @@
 //! A derived copy lives under `<cache>/local/` at its source's absolute path plus a suffix
 //! naming the transformation and the source's version (its size and modification time:
 //! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`; a remote object's
-//! copy, whose path in the cache names the object's version already, by its size and time 0,
-//! so the copy keeps its name when the object is fetched again), with the same companions as a
+//! copy by its size and a fingerprint of the object's listed version in place of the time, so
+//! the copy keeps its name when the object is fetched again), with the same companions as a
 //! remote entry: a `.stoker-meta` file recording the source's size and modification time and
 //! the copy's size, and a `.stoker-lock` file locked shared while the copy is read (the copies
 //! of an MDS or JSONL set only while made and opened: a set of thousands would hold a
@@ -67,10 +67,11 @@ fn source_identity(source: &Path) -> Result<(u64, u128)> {
 enum SourceKind {
     /// A file of the user's: its version is its size and modification time.
     File,
-    /// A remote object's copy in the cache tier: its path names the object's version, so its
-    /// version is its size alone (the time 0); the time changes each time it is fetched again
-    /// after an eviction, and the copy made from it must keep its name.
-    Fetched,
+    /// A remote object's copy in the cache tier: its version is its size and the object's as
+    /// listed (`version`: a fingerprint of its ETag and last-modified time). The copy's own
+    /// time changes each time it is fetched again after an eviction, and the copy made from
+    /// it must keep its name.
+    Fetched { version: u128 },
 }
 
 impl SourceKind {
@@ -79,7 +80,7 @@ impl SourceKind {
         let (size, modified_ns) = source_identity(source)?;
         Ok(match self {
             SourceKind::File => (size, modified_ns),
-            SourceKind::Fetched => (size, 0),
+            SourceKind::Fetched { version } => (size, version),
         })
     }
 }
@@ -263,12 +264,20 @@ impl DerivedSource {
     pub(crate) fn copy(&self, make: Make<'_>) -> Result<CachedObject> {
         match &self.origin {
             Origin::File(_) => derived_copy(&self.options, &self.source, self.transform, make),
-            Origin::Object(object) => {
-                let fetched = object.fetch_whole()?;
-                let kind = SourceKind::Fetched;
-                derive(&self.options, fetched.path(), kind, self.transform, make)
-            }
+            Origin::Object(object) => self.copy_from(object.fetch_whole()?, make),
         }
+    }
+
+    /// [`DerivedSource::copy`] of a remote object from its copy `fetched` (locked), which is
+    /// let go of once the copy is made.
+    pub(crate) fn copy_from(&self, fetched: CachedObject, make: Make<'_>) -> Result<CachedObject> {
+        let Origin::Object(object) = &self.origin else {
+            return self.copy(make);
+        };
+        let kind = SourceKind::Fetched {
+            version: object.version_fingerprint(),
+        };
+        derive(&self.options, fetched.path(), kind, self.transform, make)
     }
 
     /// The copy at `copy` opened again to be read; when it was evicted, made again, but only

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures_util::stream::{self, StreamExt};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path as ObjectPath;
@@ -45,8 +46,9 @@ pub(super) struct Download {
     pub(super) key: String,
     /// Its `s3://` URI, for messages.
     pub(super) uri: String,
-    /// The ETag the object was listed with: every GET asks for that version (If-Match).
-    pub(super) e_tag: Option<String>,
+    /// The version the object was listed as: every GET asks for it (If-Match on its ETag)
+    /// and checks the answer is of it.
+    pub(super) listed: Listed,
     /// Bytes to fetch: the whole object's size, or a range's length.
     pub(super) size: u64,
     /// Where the bytes start in the object (0 for a whole object).
@@ -54,6 +56,67 @@ pub(super) struct Download {
     /// The temporary file the parts are written into, and its path (for messages).
     pub(super) file: Arc<File>,
     pub(super) part: std::path::PathBuf,
+}
+
+/// The version of an object a GET must be answered with: the one its listing gave.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Listed {
+    /// Its ETag: asked for (If-Match) and compared with the answer's.
+    pub(super) e_tag: Option<String>,
+    /// The whole object's size: compared with the answer's.
+    pub(super) size: Option<u64>,
+    /// Its last-modified time: compared, to the second, with the answer's where the listing
+    /// gives no ETag (some S3-compatible stores list none).
+    pub(super) last_modified: Option<DateTime<Utc>>,
+}
+
+impl Listed {
+    /// The version of `object` as listed.
+    pub(super) fn of(object: &ObjectMeta) -> Listed {
+        Listed {
+            e_tag: object.e_tag.clone(),
+            size: Some(object.size),
+            last_modified: Some(object.last_modified),
+        }
+    }
+
+    /// Whether a GET answered with another version (`answered` is the answer's metadata) than
+    /// this one: another size, another ETag (compared without quotes, weak mark and case:
+    /// stores quote them in one place and not another), or, with no ETag listed, another
+    /// last-modified second. What either side leaves out tells nothing.
+    fn answered_by_another(&self, answered: &ObjectMeta) -> bool {
+        let bare = |tag: &str| {
+            tag.trim_start_matches("W/")
+                .trim_matches('"')
+                .to_ascii_lowercase()
+        };
+        let why = if self.size.is_some_and(|size| size != answered.size) {
+            "size"
+        } else if let (Some(listed), Some(answer)) = (&self.e_tag, &answered.e_tag) {
+            if bare(listed) == bare(answer) {
+                return false;
+            }
+            "ETag"
+        } else if self.e_tag.is_none()
+            && answered.last_modified.timestamp() != 0
+            && self
+                .last_modified
+                .is_some_and(|listed| listed.timestamp() != answered.last_modified.timestamp())
+        {
+            "last-modified time"
+        } else {
+            return false;
+        };
+        // Said, so that a store whose listings and answers spell one version two ways shows
+        // why every read of it fails.
+        warn!(
+            what = why,
+            listed = ?self,
+            answered = ?(answered.size, &answered.e_tag, answered.last_modified),
+            "a GET answered with another version than the listing's"
+        );
+        true
+    }
 }
 
 /// The objects directly under the location's prefix (not in sub-"folders"), sorted by key; a
@@ -309,12 +372,11 @@ async fn fetch_request(
 ) -> Result<()> {
     let first = &downloads[request.first];
     let range = request.span.clone();
-    let version = first.e_tag.as_deref();
     let bytes = get_range(
         store,
         &first.key,
         &first.uri,
-        version,
+        &first.listed,
         range.clone(),
         plan,
         counters,
@@ -334,43 +396,19 @@ async fn fetch_request(
     Ok(())
 }
 
-/// Whether a GET answered with a version (its ETag, `answered`) other than the one `listed`:
-/// the tags compared without their quotes, weak mark and case (stores quote them in one place
-/// and not another); an answer without a tag, or a listing without one, tells nothing.
-fn another_version(listed: Option<&str>, answered: Option<&str>) -> bool {
-    let bare = |tag: &str| {
-        tag.trim_start_matches("W/")
-            .trim_matches('"')
-            .to_ascii_lowercase()
-    };
-    let (Some(listed), Some(answered)) = (listed, answered) else {
-        return false;
-    };
-    let another = bare(listed) != bare(answered);
-    if another {
-        // Said, so that a store whose listings and answers spell one tag two ways shows why
-        // every read of it fails.
-        tracing::warn!(
-            listed,
-            answered,
-            "a GET answered with another ETag than the listing's"
-        );
-    }
-    another
-}
-
 /// Bytes `range` of the object `key` (`uri` in messages), in memory: one ranged GET, tried
 /// again with backoff after a transient failure or a short answer, up to `plan.max_attempts`.
-/// With `e_tag` (the version listed) the GET asks for that version only (If-Match): an object
-/// rewritten since is [`Error::ObjectChanged`], never bytes of the new version at the old
-/// version's offsets, also from a store that ignores the If-Match (the answer's ETag is
-/// compared). An empty range is empty bytes, without a request.
+/// The GET asks for the version `listed` (If-Match on its ETag): an object rewritten since is
+/// [`Error::ObjectChanged`], never bytes of the new version at the old version's offsets, also
+/// from a store that ignores the If-Match or lists no ETags (the answer's size, ETag, or
+/// last-modified time is compared: [`Listed::answered_by_another`]). An empty range is empty
+/// bytes, without a request.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn get_range(
     store: &Store,
     key: &str,
     uri: &str,
-    e_tag: Option<&str>,
+    listed: &Listed,
     range: Range<u64>,
     plan: FetchPlan,
     counters: &Counters,
@@ -388,13 +426,13 @@ pub(super) async fn get_range(
         counters.requests.fetch_add(1, Ordering::Relaxed);
         let options = GetOptions {
             range: Some(range.clone().into()),
-            if_match: e_tag.map(str::to_owned),
+            if_match: listed.e_tag.clone(),
             ..GetOptions::default()
         };
         let answer = match store.get_opts(&path, options).await {
             // A store that ignored the If-Match (some S3-compatible ones do) answered with
             // another version: its bytes are never taken for the listed one's.
-            Ok(answer) if another_version(e_tag, answer.meta.e_tag.as_deref()) => {
+            Ok(answer) if listed.answered_by_another(&answer.meta) => {
                 return Err(Error::ObjectChanged {
                     uri: uri.to_string(),
                 });
@@ -597,13 +635,45 @@ mod tests {
     fn download(key: &str, offset: u64, size: u64) -> Download {
         Download {
             key: key.into(),
-            e_tag: None,
+            listed: Listed::default(),
             uri: format!("s3://b/{key}"),
             size,
             offset,
             file: Arc::new(tempfile::tempfile().unwrap()),
             part: format!("{key}.stoker-part-0-0").into(),
         }
+    }
+
+    /// An answer of another version is told by its size, its ETag (spelt with or without
+    /// quotes, as stores spell it one way in listings and another in answers), or, where the
+    /// listing gives no ETag (s3s-fs, some S3-compatible stores), its last-modified second:
+    /// before, an object rewritten on such a store was read as the version listed.
+    #[test]
+    fn an_answer_of_another_version_is_told_with_or_without_etags() {
+        use chrono::TimeZone;
+        let at =
+            |seconds: i64, ms: u32| Utc.timestamp_opt(seconds, ms * 1_000_000).single().unwrap();
+        let meta = |size: u64, e_tag: Option<&str>, modified| ObjectMeta {
+            location: ObjectPath::from("set/a.bin"),
+            last_modified: modified,
+            size,
+            e_tag: e_tag.map(str::to_owned),
+            version: None,
+        };
+        let listed = Listed::of(&meta(10, Some("\"abc\""), at(1000, 250)));
+        assert!(!listed.answered_by_another(&meta(10, Some("ABC"), at(2000, 0))));
+        assert!(listed.answered_by_another(&meta(10, Some("\"abd\""), at(1000, 0))));
+        assert!(listed.answered_by_another(&meta(11, Some("\"abc\""), at(1000, 0))));
+        // No ETag answered: the size alone tells.
+        assert!(!listed.answered_by_another(&meta(10, None, at(5000, 0))));
+
+        let untagged = Listed::of(&meta(10, None, at(1000, 250)));
+        // The same second, spelt to the second in the answer's header.
+        assert!(!untagged.answered_by_another(&meta(10, Some("\"md5\""), at(1000, 0))));
+        assert!(untagged.answered_by_another(&meta(10, Some("\"md5\""), at(1001, 0))));
+        assert!(untagged.answered_by_another(&meta(12, None, at(1000, 0))));
+        // An answer without a last-modified time tells nothing by it.
+        assert!(!untagged.answered_by_another(&meta(10, None, at(0, 0))));
     }
 
     #[test]

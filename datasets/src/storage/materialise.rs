@@ -71,8 +71,6 @@ impl ObjectCache {
         reading: bool,
         wait: LockWait,
     ) -> Result<Vec<CachedObject>> {
-        let sources: Vec<(String, u64)> =
-            wanted.iter().map(|w| (w.key.clone(), w.offset)).collect();
         let mut ready: Vec<Option<CachedObject>> = wanted.iter().map(|_| None).collect();
         let mut to_fetch = Vec::new();
         let mut contended: VecDeque<Waiting> = VecDeque::new();
@@ -102,7 +100,7 @@ impl ObjectCache {
                 contended.push_back((position, entry, lock, 0));
             }
         }
-        let fetched = self.download(store, to_fetch, &sources, reading, wait)?;
+        let fetched = self.download(store, to_fetch, &wanted, reading, wait)?;
         for (position, object) in fetched.objects {
             ready[position] = Some(object);
         }
@@ -141,13 +139,8 @@ impl ObjectCache {
             if fetches >= MAX_FETCHES {
                 return Err(evicted_as_fetched(&entry, self.options.max_bytes, fetches));
             }
-            let fetched = self.download(
-                store,
-                vec![(position, entry, lock)],
-                &sources,
-                reading,
-                wait,
-            )?;
+            let fetched =
+                self.download(store, vec![(position, entry, lock)], &wanted, reading, wait)?;
             for (position, object) in fetched.objects {
                 ready[position] = Some(object);
             }
@@ -180,7 +173,7 @@ impl ObjectCache {
         &self,
         store: &Arc<Store>,
         mut entries: Vec<(usize, Entry, File)>,
-        sources: &[(String, u64)],
+        sources: &[Wanted],
         reading: bool,
         wait: LockWait,
     ) -> Result<Fetched> {
@@ -200,7 +193,7 @@ impl ObjectCache {
         &self,
         store: &Arc<Store>,
         entries: Vec<(usize, Entry, File)>,
-        sources: &[(String, u64)],
+        sources: &[Wanted],
         reading: bool,
         wait: LockWait,
     ) -> Result<Fetched> {
@@ -233,11 +226,11 @@ impl ObjectCache {
             .iter()
             .zip(&parts)
             .map(|((position, entry, _), part)| Download {
-                key: sources[*position].0.clone(),
-                e_tag: entry.listed.e_tag.clone(),
+                key: sources[*position].key.clone(),
+                listed: sources[*position].listed(),
                 uri: entry.uri.clone(),
                 size: entry.listed.size,
-                offset: sources[*position].1,
+                offset: sources[*position].offset,
                 file: Arc::clone(&part.file),
                 part: part.path.clone(),
             })
@@ -370,6 +363,7 @@ pub(super) mod tests {
             .map(|meta| Wanted {
                 key: meta.location.to_string(),
                 offset: 0,
+                object_size: meta.size,
                 meta,
             })
             .collect();
@@ -418,7 +412,7 @@ pub(super) mod tests {
     const CHILD_ENV: &str = "STOKER_MATERIALISE_TEST_CHILD";
 
     /// Run as a child by the test below: under a soft limit of 320 descriptors, 200 objects
-    /// fetched whole (a lock each, held while they are read; a part file each while they come).
+    /// fetched whole (a lock each, held while they are kept; a part file each while they come).
     #[test]
     #[ignore = "run in a child process by many_objects_fetched_whole_fit_a_low_descriptor_limit"]
     fn child_fetches_many_objects_under_a_low_descriptor_limit() {

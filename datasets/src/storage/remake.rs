@@ -49,6 +49,15 @@ impl Remake {
         }
     }
 
+    /// [`Remake::copy`] from `fetched`, the remote object's copy the set's open just fetched
+    /// (locked): itself, or the copy made from it (then let go of).
+    pub(crate) fn copy_from(&self, fetched: CachedObject) -> Result<CachedObject> {
+        match self {
+            Remake::Derived { source, make } => source.copy_from(fetched, make.as_ref()),
+            Remake::Fetched(_) => Ok(fetched),
+        }
+    }
+
     /// The copy at `copy` opened again to be read: made or fetched again if evicted, from its
     /// source as it was when the set was opened ([`DerivedSource::open_again`]; an object is
     /// fetched as listed, one rewritten since is [`Error::ObjectChanged`]). A failure to have

@@ -71,6 +71,20 @@ impl RemoteObject {
         self.cache.options()
     }
 
+    /// A fingerprint of the version listed (its ETag and last-modified time): 128 bits of
+    /// their SHA-256, what copies made from it are named by.
+    pub(crate) fn version_fingerprint(&self) -> u128 {
+        use sha2::{Digest, Sha256};
+        let mut digest = Sha256::new();
+        digest.update(self.object.e_tag.as_deref().unwrap_or_default());
+        digest.update([0]);
+        digest.update(self.object.last_modified.to_rfc3339());
+        let bytes: [u8; 32] = digest.finalize().into();
+        let mut half = [0u8; 16];
+        half.copy_from_slice(&bytes[..16]);
+        u128::from_le_bytes(half)
+    }
+
     /// Its whole copy in the cache tier, locked while the returned one lives: fetched as
     /// listed unless there ([`ObjectCache::fetch_one`]).
     pub(crate) fn fetch_whole(&self) -> Result<CachedObject> {

@@ -89,8 +89,7 @@ fn scan_shards(
                 cache,
                 store,
                 location,
-                key: &key,
-                e_tag: object.e_tag.as_deref(),
+                object,
                 size: object.size,
                 window: cache.options().part_size.max(MIN_SCAN_WINDOW),
                 position: 0,
@@ -122,9 +121,8 @@ struct WindowReader<'a> {
     cache: &'a ObjectCache,
     store: &'a Store,
     location: &'a RemoteLocation,
-    key: &'a str,
-    /// The version listed: the scan reads that one only.
-    e_tag: Option<&'a str>,
+    /// The object as listed: the scan reads that version only.
+    object: &'a ObjectMeta,
     size: u64,
     window: u64,
     position: u64,
@@ -146,8 +144,7 @@ impl std::io::Read for WindowReader<'_> {
             match self.cache.read_uncached(
                 self.store,
                 self.location,
-                self.key,
-                self.e_tag,
+                self.object,
                 self.position..end,
             ) {
                 Ok(bytes) => self.held = (self.position, bytes),
