@@ -48,10 +48,11 @@ use std::time::Instant;
 use object_store::ObjectMeta;
 use tracing::{info, warn};
 
-use super::download::{self, FetchPlan, Listed};
+use super::download::{self, FetchPlan};
 use super::entry::{CachedObject, Entry, PartFile};
 use super::eviction::evict_to_cap;
 use super::fetch_meter::FetchMeter;
+use super::listed::Listed;
 use super::options::ObjectCacheOptions;
 use super::s3_client::{self, Store};
 use super::stats::Counters;
@@ -114,11 +115,7 @@ pub(super) struct Wanted {
 impl Wanted {
     /// The version its GETs must be answered with: the object's as listed.
     pub(super) fn listed(&self) -> Listed {
-        Listed {
-            e_tag: self.meta.e_tag.clone(),
-            size: Some(self.object_size),
-            last_modified: Some(self.meta.last_modified),
-        }
+        Listed::of_whole(&self.meta, self.object_size)
     }
 }
 
@@ -232,8 +229,8 @@ impl ObjectCache {
     }
 
     /// Materialises the listed `objects` of `location`'s bucket whole and returns them in
-    /// order, each locked in the cache for as long as it is kept (the objects a source reads
-    /// whole: an index).
+    /// order, each locked in the cache for as long as it is kept (an index; what
+    /// [`ObjectCache::fetch`] returns).
     pub(crate) fn fetch_listed(
         &self,
         store: &Arc<Store>,
@@ -250,7 +247,8 @@ impl ObjectCache {
     /// fetched again): a set of more objects than the descriptor limit opens holding a batch's
     /// locks at once, not one per object. The cap is checked as range reads check it, once an
     /// eighth of it was fetched (a check walks the cache folder: one after each batch would
-    /// walk a large folder thousands of times), and once at the end.
+    /// walk a large folder thousands of times), and once at the end, whether the open passed or
+    /// failed.
     pub(crate) fn fetch_listed_in_batches<T>(
         &self,
         store: &Arc<Store>,
@@ -259,14 +257,19 @@ impl ObjectCache {
         mut open: impl FnMut(&[ObjectMeta], Vec<CachedObject>) -> Result<Vec<T>>,
     ) -> Result<Vec<T>> {
         let mut opened = Vec::with_capacity(objects.len());
-        for batch in objects.chunks(OPEN_BATCH) {
-            let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-            let copies = self.fetch_whole(store, location, batch)?;
-            self.check_cap_after_fetch(fetched_before)?;
-            opened.extend(open(batch, copies)?);
-        }
-        self.enforce_cap()?;
-        Ok(opened)
+        let mut open_all = || {
+            for batch in objects.chunks(OPEN_BATCH) {
+                let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
+                let copies = self.fetch_whole(store, location, batch)?;
+                self.check_cap_after_fetch(fetched_before)?;
+                opened.extend(open(batch, copies)?);
+            }
+            Ok(())
+        };
+        // The cap is held also after an open that failed part way.
+        let all = open_all();
+        let capped = self.enforce_cap();
+        all.and(capped).map(|()| opened)
     }
 
     /// The listed `object`'s whole copy, locked while the returned one lives: taken from the

@@ -7,8 +7,8 @@
 //! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`; a remote object's
 //! copy by its size and a fingerprint of the object's listed version in place of the time, so
 //! the copy keeps its name when the object is fetched again), with the same companions as a
-//! remote entry: a `.stoker-meta` file recording the source's size and modification time and
-//! the copy's size, and a `.stoker-lock` file locked shared while the copy is read (the copies
+//! remote entry: a `.stoker-meta` file recording the source's size and modification time (or
+//! that fingerprint) and the copy's size, and a `.stoker-lock` file locked shared while the copy is read (the copies
 //! of an MDS or JSONL set only while made and opened: a set of thousands would hold a
 //! descriptor each; its files make theirs again once evicted, `remake.rs`). A source that
 //! changed gets a copy of its own, beside the old one that a running job may still read
@@ -51,7 +51,8 @@ static NEXT_PART: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct DerivedMeta {
     source_size: u64,
-    /// The source's modification time in nanoseconds since the epoch.
+    /// The source's modification time in nanoseconds since the epoch; for a remote object's
+    /// copy, the fingerprint of the object's version (`SourceKind::Fetched`).
     source_modified_ns: u128,
     size: u64,
 }

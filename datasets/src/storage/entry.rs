@@ -16,8 +16,9 @@
 //!                                         its own .stoker-meta / .stoker-lock / parts)
 //! local/<absolute path>.<transform>-<source size>-<source mtime ns>
 //!                                         a copy made from a local file or an object's
-//!                                         copy (mtime 0: see `derived.rs`), with the same
-//!                                         .stoker-meta / .stoker-lock companions
+//!                                         copy (its version's fingerprint for the mtime:
+//!                                         see `derived.rs`), with the same .stoker-meta /
+//!                                         .stoker-lock companions
 //! tar-indexes/<bucket>/...                remote tar sets' indexes (`tar_shards/remote.rs`)
 //! ```
 

@@ -51,6 +51,7 @@ mod entry;
 mod entry_lock;
 mod eviction;
 mod fetch_meter;
+mod listed;
 mod materialise;
 mod options;
 mod prefetch;

@@ -71,15 +71,17 @@ impl RemoteObject {
         self.cache.options()
     }
 
-    /// A fingerprint of the version listed (its ETag and last-modified time): 128 bits of
-    /// their SHA-256, what copies made from it are named by.
+    /// A fingerprint of the version listed: 128 bits of the SHA-256 of its ETag, or, when the
+    /// store lists none, of its last-modified time (as its copy's path in the cache names it:
+    /// a HEAD and a listing may give one version's time to another precision). What copies
+    /// made from it are named by.
     pub(crate) fn version_fingerprint(&self) -> u128 {
         use sha2::{Digest, Sha256};
-        let mut digest = Sha256::new();
-        digest.update(self.object.e_tag.as_deref().unwrap_or_default());
-        digest.update([0]);
-        digest.update(self.object.last_modified.to_rfc3339());
-        let bytes: [u8; 32] = digest.finalize().into();
+        let version = match &self.object.e_tag {
+            Some(e_tag) => format!("etag {e_tag}"),
+            None => format!("modified {}", self.object.last_modified.to_rfc3339()),
+        };
+        let bytes: [u8; 32] = Sha256::digest(version.as_bytes()).into();
         let mut half = [0u8; 16];
         half.copy_from_slice(&bytes[..16]);
         u128::from_le_bytes(half)
