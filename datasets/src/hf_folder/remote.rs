@@ -19,7 +19,7 @@ use super::layout::{self, DICT_FILE, INFO_FILE, STATE_FILE};
 use super::HfDataset;
 use crate::error::{Error, Result};
 use crate::parquet_files::ParquetOptions;
-use crate::storage::{s3_location, ObjectCache, Remake, RemoteLocation, RemoteObject, Store};
+use crate::storage::{s3_location, ObjectCache, Remake, RemoteLocation, Store};
 
 impl HfDataset {
     /// Opens the `save_to_disk` folder under `uri` (`s3://BUCKET/PREFIX`) through `cache`, as
@@ -110,20 +110,11 @@ fn open_shards(
     objects: &[ObjectMeta],
 ) -> Result<Vec<StreamFile>> {
     cache.check_fits_whole(&location.uri(), "Arrow shards", objects)?;
-    cache.fetch_listed_in_batches(store, location, objects, |batch, copies| {
+    cache.fetch_listed_in_batches(store, location, objects, |batch| {
         batch
-            .iter()
-            .zip(copies)
-            .collect::<Vec<_>>()
             .into_par_iter()
-            .map(|(object, copy)| {
-                let uri = PathBuf::from(location.uri_of(object.location.as_ref()));
-                let remote = RemoteObject::new(
-                    Arc::clone(cache),
-                    Arc::clone(store),
-                    location,
-                    object.clone(),
-                );
+            .map(|(remote, copy)| {
+                let uri = PathBuf::from(remote.uri());
                 StreamFile::open_copy(uri, copy, Remake::Fetched(remote))
             })
             .collect()

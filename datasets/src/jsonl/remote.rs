@@ -16,9 +16,7 @@ use super::compressed::{is_jsonl_file_name, Compression};
 use super::{JsonlDocuments, JsonlFile};
 use crate::error::{Error, Result};
 use crate::naming::{listed_of_split, RemoteFiles};
-use crate::storage::{
-    s3_location, DerivedSource, ObjectCache, Remake, RemoteLocation, RemoteObject, Store,
-};
+use crate::storage::{s3_location, DerivedSource, ObjectCache, Remake, RemoteLocation, Store};
 
 impl JsonlDocuments {
     /// Opens the JSONL objects (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`) directly under `uri`
@@ -84,16 +82,10 @@ fn fetch_files(
     objects: &[ObjectMeta],
 ) -> Result<Vec<JsonlFile>> {
     cache.check_fits_whole(&location.uri(), "JSONL files", objects)?;
-    cache.fetch_listed_in_batches(store, location, objects, |batch, copies| {
+    cache.fetch_listed_in_batches(store, location, objects, |batch| {
         let mut files = Vec::with_capacity(batch.len());
-        for (object, copy) in batch.iter().zip(copies) {
-            let uri = PathBuf::from(location.uri_of(object.location.as_ref()));
-            let remote = RemoteObject::new(
-                Arc::clone(cache),
-                Arc::clone(store),
-                location,
-                object.clone(),
-            );
+        for (remote, copy) in batch {
+            let uri = PathBuf::from(remote.uri());
             let remake = match Compression::of(&uri) {
                 None => Remake::Fetched(remote),
                 Some(compression) => {

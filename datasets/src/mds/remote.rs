@@ -17,7 +17,7 @@ use object_store::ObjectMeta;
 use super::shard::{decompressed, Shard, ShardEntry, ShardFile};
 use super::{mds_error, parse_index, MdsDataset, MdsOptions, MDS_INDEX_FILE};
 use crate::error::{Error, Result};
-use crate::storage::{s3_location, DerivedSource, ObjectCache, Remake, RemoteObject};
+use crate::storage::{s3_location, DerivedSource, ObjectCache, Remake};
 
 impl MdsDataset {
     /// Opens the MDS dataset under `uri` (`s3://BUCKET/PREFIX`, the prefix `index.json` lies
@@ -118,38 +118,31 @@ impl MdsDataset {
         // A batch at a time, each shard's copy let go of once its header is read: it is
         // fetched (and decompressed) again if evicted.
         let mut entries = entries.iter().zip(compressed);
-        let shards =
-            cache.fetch_listed_in_batches(&store, &location, &objects, |batch, copies| {
-                let mut shards = Vec::with_capacity(batch.len());
-                for (object, copy) in batch.iter().zip(copies) {
-                    let Some((entry, zipped)) = entries.next() else {
-                        break;
-                    };
-                    let path = PathBuf::from(location.uri_of(object.location.as_ref()));
-                    let remote = RemoteObject::new(
-                        Arc::clone(&cache),
-                        Arc::clone(&store),
-                        &location,
-                        object.clone(),
-                    );
-                    let remake = if zipped {
-                        let source = DerivedSource::of_object(remote, "decompressed")?;
-                        decompressed(source, &entry.compression, &path)
-                    } else {
-                        Remake::Fetched(remote)
-                    };
-                    // A compressed shard's copy goes once the decompressed one is made.
-                    let copy = remake.copy_from(copy)?;
-                    let file = ShardFile {
-                        read_from: copy.path().to_path_buf(),
-                        path,
-                        copy: Some(copy),
-                        remake: Some(remake),
-                    };
-                    shards.push(Shard::open(file, entry.samples)?);
-                }
-                Ok(shards)
-            })?;
+        let shards = cache.fetch_listed_in_batches(&store, &location, &objects, |batch| {
+            let mut shards = Vec::with_capacity(batch.len());
+            for (remote, copy) in batch {
+                let Some((entry, zipped)) = entries.next() else {
+                    break;
+                };
+                let path = PathBuf::from(remote.uri());
+                let remake = if zipped {
+                    let source = DerivedSource::of_object(remote, "decompressed")?;
+                    decompressed(source, &entry.compression, &path)
+                } else {
+                    Remake::Fetched(remote)
+                };
+                // A compressed shard's copy goes once the decompressed one is made.
+                let copy = remake.copy_from(copy)?;
+                let file = ShardFile {
+                    read_from: copy.path().to_path_buf(),
+                    path,
+                    copy: Some(copy),
+                    remake: Some(remake),
+                };
+                shards.push(Shard::open(file, entry.samples)?);
+            }
+            Ok(shards)
+        })?;
         MdsDataset::assemble(
             root,
             (index_object.path().to_path_buf(), Some(index_object)),

@@ -54,6 +54,7 @@ use super::eviction::evict_to_cap;
 use super::fetch_meter::FetchMeter;
 use super::listed::Listed;
 use super::options::ObjectCacheOptions;
+use super::remote_object::RemoteObject;
 use super::s3_client::{self, Store};
 use super::stats::Counters;
 use super::uri::{s3_location, RemoteLocation};
@@ -243,18 +244,18 @@ impl ObjectCache {
     }
 
     /// [`Self::fetch_listed`] [`OPEN_BATCH`] objects at a time, each batch handed to `open`
-    /// as it comes, which lets go of the objects' locks once it opened them (they can be
-    /// fetched again): a set of more objects than the descriptor limit opens holding a batch's
-    /// locks at once, not one per object. The cap is checked as range reads check it, once an
-    /// eighth of it was fetched (a check walks the cache folder: one after each batch would
-    /// walk a large folder thousands of times), and once at the end, whether the open passed or
-    /// failed.
+    /// as it comes (each object as one read through this cache, with its copy), which lets go
+    /// of the copies' locks once it opened them (they can be fetched again): a set of more
+    /// objects than the descriptor limit opens holding a batch's locks at once, not one per
+    /// object. The cap is checked as range reads check it, once an eighth of it was fetched
+    /// (a check walks the cache folder: one after each batch would walk a large folder
+    /// thousands of times), and once at the end, whether the open passed or failed.
     pub(crate) fn fetch_listed_in_batches<T>(
-        &self,
+        self: &Arc<Self>,
         store: &Arc<Store>,
         location: &RemoteLocation,
         objects: &[ObjectMeta],
-        mut open: impl FnMut(&[ObjectMeta], Vec<CachedObject>) -> Result<Vec<T>>,
+        mut open: impl FnMut(Vec<(RemoteObject, CachedObject)>) -> Result<Vec<T>>,
     ) -> Result<Vec<T>> {
         let mut opened = Vec::with_capacity(objects.len());
         let mut open_all = || {
@@ -262,7 +263,11 @@ impl ObjectCache {
                 let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
                 let copies = self.fetch_whole(store, location, batch)?;
                 self.check_cap_after_fetch(fetched_before)?;
-                opened.extend(open(batch, copies)?);
+                let remote = |object: &ObjectMeta| {
+                    let (cache, store) = (Arc::clone(self), Arc::clone(store));
+                    RemoteObject::new(cache, store, location, object.clone())
+                };
+                opened.extend(open(batch.iter().map(remote).zip(copies).collect())?);
             }
             Ok(())
         };
