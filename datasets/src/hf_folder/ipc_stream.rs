@@ -37,8 +37,8 @@ use arrow_schema::{DataType, SchemaRef, UnionMode};
 use crate::decoder_panics::without_panics;
 use crate::error::{Error, Result};
 use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
-use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{CachedObject, Remake};
+use crate::same_file::SameFile;
+use crate::storage::{self, CachedObject, Remake};
 
 /// The marker before each message's header length (since Arrow 0.15).
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
@@ -294,11 +294,7 @@ impl StreamFile {
     /// The file opened again by its path; an object's copy evicted since it was walked,
     /// fetched again ([`Remake::open_again`]).
     fn open_again(&self) -> Result<File> {
-        match &self.remake {
-            Some(remake) => remake.open_again(&self.read_from),
-            None => File::open(&self.read_from)
-                .map_err(|source| reopen_error(&self.path, &self.read_from, source)),
-        }
+        storage::open_again(self.remake.as_ref(), &self.path, &self.read_from)
     }
 
     /// Refuses `file` (opened again by its path) when it is not the file walked at open; an

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::file_pool::{failed_for_descriptors, FileKey, FilePool, PooledFile};
-use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{CachedObject, Remake};
+use crate::same_file::SameFile;
+use crate::storage::{self, CachedObject, Remake};
 
 use super::lenient::BOM;
 
@@ -172,11 +172,7 @@ impl JsonlFile {
     /// ([`Remake::open_again`]: a file changed since, lines appended included, or an object
     /// rewritten, stops the job, naming it).
     fn open_again(&self) -> Result<File> {
-        match &self.remake {
-            Some(remake) => remake.open_again(&self.read_from),
-            None => File::open(&self.read_from)
-                .map_err(|error| reopen_error(&self.path, &self.read_from, error)),
-        }
+        storage::open_again(self.remake.as_ref(), &self.path, &self.read_from)
     }
 
     /// Refuses `file` (opened again by its path) when it is not the file indexed: see

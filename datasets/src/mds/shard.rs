@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::mds_error;
 use crate::error::{Error, Result};
-use crate::same_file::{reopen_error, SameFile};
-use crate::storage::{CachedObject, DerivedSource, ObjectCacheOptions, Remake};
+use crate::same_file::SameFile;
+use crate::storage::{self, CachedObject, DerivedSource, ObjectCacheOptions, Remake};
 
 /// One shard: where it is read from and its samples' offsets.
 pub(super) struct Shard {
@@ -268,7 +268,7 @@ impl Shard {
     /// read at open would point into other bytes, other samples read under the labels read
     /// then. The job stops, naming the file; never bad samples replaced. Its modification time
     /// is not compared (shards touched to keep a scratch purge away are the same; but for a
-    /// compressed shard whose copy must be made again, see [`DerivedSource::open_again`]); a
+    /// compressed shard whose copy must be made again, see [`Remake::open_again`]); a
     /// shard rewritten in place at the same length is not told.
     ///
     /// A copy that can be had again is checked by its length ([`Remake::check_copy`]).
@@ -284,11 +284,7 @@ impl Shard {
     /// set was opened ([`Remake::open_again`]: a source changed since stops the job, naming
     /// it).
     pub(super) fn open_again(&self) -> Result<File> {
-        match &self.remake {
-            Some(remake) => remake.open_again(&self.read_from),
-            None => File::open(&self.read_from)
-                .map_err(|error| reopen_error(&self.path, &self.read_from, error)),
-        }
+        storage::open_again(self.remake.as_ref(), &self.path, &self.read_from)
     }
 
     /// The version of the bytes the shard is read as: the file read, its length and its

@@ -281,24 +281,18 @@ impl DerivedSource {
         derive(&self.options, fetched.path(), kind, self.transform, make)
     }
 
-    /// The copy at `copy` opened again to be read; when it was evicted, made again, but only
-    /// from the source as it was: a local file changed since (its size, time, device or inode:
-    /// appended to, touched, rewritten, renamed over) is [`Error::FileReplaced`], one gone
+    /// The copy at `copy`, evicted, made again and opened, but only from the source as it
+    /// was: a local file changed since (its size, time, device or inode: appended to,
+    /// touched, rewritten, renamed over) is [`Error::FileReplaced`], one gone
     /// [`Error::FileRemoved`], both naming the file; a remote object rewritten since is
     /// [`Error::ObjectChanged`] as it is fetched again; a failure to make it again is the
     /// cache's ([`remade_error`]). The copy made is not held locked once open: an eviction
     /// after that leaves the open file readable.
-    pub(crate) fn open_again(&self, copy: &Path, make: Make<'_>) -> Result<File> {
-        let error = match File::open(copy) {
-            Ok(file) => return Ok(file),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => error,
-            Err(error) => return Err(Error::cache(copy, error)),
-        };
+    pub(super) fn make_again(&self, copy: &Path, make: Make<'_>) -> Result<File> {
         if let Origin::File(opened) = &self.origin {
             self.check_source(opened, copy)?;
         }
         let made = self.copy(make).map_err(|error| remade_error(copy, error))?;
-        tracing::debug!(copy = %copy.display(), %error, "an evicted copy made again");
         if made.path() != copy {
             return Err(match &self.origin {
                 Origin::File(opened) => {
@@ -344,18 +338,6 @@ impl DerivedSource {
 pub(super) fn made_elsewhere(copy: &Path, made: &Path) -> Error {
     let problem = format!("it was made again as {}", made.display());
     Error::cache(copy, std::io::Error::other(problem))
-}
-
-/// `Ok` when `file`, the copy at `copy` opened again, has the `len` it had when its set was
-/// opened: made again from the same source it is another file of the same bytes; one of
-/// another length is a damaged copy, the cache's fault.
-pub(super) fn check_copy(file: &File, copy: &Path, len: u64) -> Result<()> {
-    let now = SameFile::of_file(file, copy)?.len();
-    if now == len {
-        return Ok(());
-    }
-    let problem = format!("the copy is {now} bytes; it was {len} when its set was opened");
-    Err(Error::cache(copy, std::io::Error::other(problem)))
 }
 
 /// The error of making again, for a reader, a copy evicted since its set was opened: it was

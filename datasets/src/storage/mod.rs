@@ -72,7 +72,7 @@ pub use options::{
 pub(crate) use prefetch::{Hint, Prefetcher};
 #[cfg(test)]
 pub(crate) use remake::tests::{evict_all, OneObject};
-pub(crate) use remake::Remake;
+pub(crate) use remake::{open_again, Remake};
 pub(crate) use remote_object::{list_remote, ByteRanges, RemoteObject};
 pub(crate) use s3_client::Store;
 pub(crate) use uri::s3_location;

@@ -9,10 +9,11 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use super::derived::{check_copy, made_elsewhere, remade_error, DerivedSource};
+use super::derived::{made_elsewhere, remade_error, DerivedSource};
 use super::entry::CachedObject;
 use super::remote_object::RemoteObject;
 use crate::error::{Error, Result};
+use crate::same_file::{reopen_error, SameFile};
 
 /// How a copy is written from its source file, kept by its reader.
 pub(crate) type MakeFn = dyn Fn(&Path, &mut dyn Write) -> Result<()> + Send + Sync;
@@ -59,23 +60,23 @@ impl Remake {
     }
 
     /// The copy at `copy` opened again to be read: made or fetched again if evicted, from its
-    /// source as it was when the set was opened ([`DerivedSource::open_again`]; an object is
+    /// source as it was when the set was opened ([`DerivedSource::make_again`]; an object is
     /// fetched as listed, one rewritten since is [`Error::ObjectChanged`]). A failure to have
     /// it again that would read as a bad sample is the cache's ([`remade_error`]). The copy is
     /// not held locked once open: an eviction after that leaves the open file readable.
     pub(crate) fn open_again(&self, copy: &Path) -> Result<File> {
+        match File::open(copy) {
+            Ok(file) => return Ok(file),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(Error::cache(copy, error)),
+        }
+        tracing::debug!(copy = %copy.display(), "an evicted copy had again");
         match self {
-            Remake::Derived { source, make } => source.open_again(copy, make.as_ref()),
+            Remake::Derived { source, make } => source.make_again(copy, make.as_ref()),
             Remake::Fetched(object) => {
-                match File::open(copy) {
-                    Ok(file) => return Ok(file),
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(error) => return Err(Error::cache(copy, error)),
-                }
                 let fetched = object
                     .fetch_whole()
                     .map_err(|error| remade_error(copy, error))?;
-                tracing::debug!(copy = %copy.display(), "an evicted object fetched again");
                 if fetched.path() != copy {
                     return Err(made_elsewhere(copy, fetched.path()));
                 }
@@ -88,7 +89,22 @@ impl Remake {
     /// was opened: had again, it is another file of the same bytes; one of another length is
     /// a damaged copy, the cache's fault.
     pub(crate) fn check_copy(file: &File, copy: &Path, len: u64) -> Result<()> {
-        check_copy(file, copy, len)
+        let now = SameFile::of_file(file, copy)?.len();
+        if now == len {
+            return Ok(());
+        }
+        let problem = format!("the copy is {now} bytes; it was {len} when its set was opened");
+        Err(Error::cache(copy, std::io::Error::other(problem)))
+    }
+}
+
+/// The file `read_from` (the one named `path`, or its copy in the cache tier) opened again to
+/// read it: by [`Remake::open_again`] when `remake` has its copy again once evicted, else by its
+/// path ([`reopen_error`] when that fails).
+pub(crate) fn open_again(remake: Option<&Remake>, path: &Path, read_from: &Path) -> Result<File> {
+    match remake {
+        Some(remake) => remake.open_again(read_from),
+        None => File::open(read_from).map_err(|error| reopen_error(path, read_from, error)),
     }
 }
 
