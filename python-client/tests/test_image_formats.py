@@ -87,7 +87,30 @@ def gif_with_transparency() -> bytes:
     return saved(image, "GIF", transparency=3)
 
 
+def rgb_jpeg() -> bytes:
+    """A JPEG as Pillow writes one (a JFIF header), without chroma subsampling."""
+    return saved(Image.fromarray(photo()), "JPEG", quality=92, subsampling=0)
+
+
+def with_scan_fields_zeroed(jpeg: bytes) -> bytes:
+    """The sequential JPEG with zeros for its scan's Ss, Se and Ah/Al, as Samsung phones write
+    them: libjpeg warns ("Invalid SOS parameters"), Pillow reads the pixels."""
+    at = jpeg.index(b"\xff\xda")
+    fields = at + 5 + 2 * jpeg[at + 4]
+    assert jpeg[fields : fields + 3] == b"\x00\x3f\x00"
+    return jpeg[:fields] + b"\x00\x00\x00" + jpeg[fields + 3 :]
+
+
+def with_jfif_version_2(jpeg: bytes) -> bytes:
+    """The JPEG with a JFIF header of version 2.01, which libjpeg warns of."""
+    at = jpeg.index(b"JFIF\x00") + 5
+    return jpeg[:at] + b"\x02\x01" + jpeg[at + 2 :]
+
+
 LOSSLESS: dict[str, Callable[[], bytes]] = {
+    "jpeg 4:4:4": rgb_jpeg,
+    "jpeg, scan fields zeroed (samsung)": lambda: with_scan_fields_zeroed(rgb_jpeg()),
+    "jpeg, jfif 2.01": lambda: with_jfif_version_2(rgb_jpeg()),
     "cmyk jpeg (adobe marker)": cmyk_jpeg,
     "cmyk jpeg (no adobe marker)": lambda: without_adobe_marker(cmyk_jpeg()),
     "webp lossless": lambda: saved(Image.fromarray(photo()), "WEBP", lossless=True),
@@ -199,6 +222,8 @@ def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Pat
         "photo.ppm": LOSSLESS["ppm"](),
         "photo.pgm": LOSSLESS["pgm"](),
         "cmyk.jpg": cmyk_jpeg(),
+        "phone.jpg": with_scan_fields_zeroed(rgb_jpeg()),
+        "jfif2.jpg": with_jfif_version_2(rgb_jpeg()),
         "photo.png": saved(Image.fromarray(photo()), "PNG"),
     }
     two_classes(tmp_path, {**files, **{j.name: j.read_bytes() for j in jpegs}})
@@ -209,6 +234,26 @@ def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Pat
         seen = sum(batch["image"].shape[0] for batch in loader)
         assert seen == samples
         assert loader.stats()["bad_samples"] == 0
+
+
+def test_a_jpeg_cut_short_behind_a_header_quirk_is_a_bad_sample(tmp_path: Path) -> None:
+    # libjpeg warns of the quirk first and TurboJPEG keeps the first warning only: the cut
+    # (a warning too, "Premature end of JPEG file") must not pass with it.
+    whole = rgb_jpeg()
+    files = {"whole.jpg": whole}
+    for name, quirky in (
+        ("phone", with_scan_fields_zeroed(whole)),
+        ("jfif2", with_jfif_version_2(whole)),
+    ):
+        files[f"{name}_cut.jpg"] = quirky[: len(quirky) * 6 // 10]
+    two_classes(tmp_path, files)
+
+    with pytest.raises(stoker.DecodeError, match="_cut.jpg"):
+        with small_loader(tmp_path, batch_size=6, on_error="fail", shuffle=False) as loader:
+            list(loader)
+    with small_loader(tmp_path, batch_size=6, on_error="skip") as loader:
+        assert sum(batch["image"].shape[0] for batch in loader) == 6
+        assert loader.stats()["bad_samples"] == 4
 
 
 def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(

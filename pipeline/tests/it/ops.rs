@@ -290,6 +290,141 @@ fn jpeg_warnings_that_leave_the_pixels_whole_are_passed_and_damage_is_not() {
     );
 }
 
+/// `bytes` with each scan header's spectral selection and successive approximation set to
+/// `fields` (Ss, Se, Ah<<4|Al): the walk reads one sequential scan, as `encode_jpeg` writes.
+fn with_scan_fields(bytes: &[u8], fields: [u8; 3]) -> Vec<u8> {
+    let sos = bytes
+        .windows(2)
+        .position(|w| w == [0xFF, 0xDA])
+        .expect("a scan header");
+    let components = usize::from(bytes[sos + 4]);
+    let at = sos + 5 + 2 * components;
+    let mut out = bytes.to_vec();
+    out[at..at + 3].copy_from_slice(&fields);
+    out
+}
+
+/// `bytes` with its JFIF header's version set to `major.minor` (one put after the start of
+/// image where it has none).
+fn with_jfif_version(bytes: &[u8], major: u8, minor: u8) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    let jfif = match bytes.windows(5).position(|window| window == b"JFIF\0") {
+        Some(jfif) => jfif,
+        None => {
+            let mut app0 = vec![0xFF, 0xE0, 0, 16];
+            app0.extend(b"JFIF\0");
+            app0.extend([1, 1, 0, 0, 1, 0, 1, 0, 0]);
+            out.splice(2..2, app0);
+            6
+        }
+    };
+    out[jfif + 5] = major;
+    out[jfif + 6] = minor;
+    out
+}
+
+/// Fails naming `what` unless `decoded` is `expected` (its pixels and place; pixels unprinted).
+fn assert_decoded_as(
+    decoded: Result<DecodedImage, SampleError>,
+    expected: &DecodedImage,
+    what: &str,
+) {
+    match decoded {
+        Ok(image) => {
+            assert!(image.pixels == expected.pixels, "{what}: other pixels");
+            assert_eq!(
+                (image.width, image.height, image.offset_x, image.offset_y),
+                (
+                    expected.width,
+                    expected.height,
+                    expected.offset_x,
+                    expected.offset_y
+                ),
+                "{what}"
+            );
+            assert_eq!(image.scale_eighths, expected.scale_eighths, "{what}");
+        }
+        Err(error) => panic!("{what}: refused ({error})"),
+    }
+}
+
+#[test]
+fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
+    let (w, h) = (96, 80);
+    let bytes = encode_jpeg(&smooth_photo(w, h), w, h, turbojpeg::Subsamp::Sub2x2);
+    let clean = decode_with(&bytes, None, (w, h), false);
+    let window = CropWindow {
+        top: 17,
+        left: 21,
+        height: 40,
+        width: 50,
+    };
+    let clean_region = decode_with(&bytes, Some(window), (25, 20), true);
+    // Files whose scan header holds zeros where a sequential scan has 0, 63, 0 (Samsung phones
+    // write them; libjpeg warns "Invalid SOS parameters", Pillow and tf.io read the same pixels),
+    // or whose JFIF header is of version 2: whole, alone and together, whole and by region.
+    let zeros = with_scan_fields(&bytes, [0, 0, 0]);
+    let odd = with_scan_fields(&bytes, [1, 62, 0x11]);
+    let revised = with_jfif_version(&bytes, 2, 1);
+    let both = with_jfif_version(&zeros, 2, 1);
+    for (name, quirky) in [
+        ("zeros", &zeros),
+        ("odd", &odd),
+        ("jfif", &revised),
+        ("both", &both),
+    ] {
+        assert_decoded_as(try_decode(quirky, None, (w, h), false), &clean, name);
+        let region = try_decode(quirky, Some(window), (25, 20), true);
+        assert_decoded_as(region, &clean_region, &format!("{name} by region"));
+        // The quirk warns first, and TurboJPEG keeps a decode's first warning only: damage
+        // after it (the scan cut short, or its middle cut out) is still refused.
+        let cut = &quirky[..quirky.len() * 6 / 10];
+        let mut gap = quirky[..quirky.len() / 2].to_vec();
+        gap.extend_from_slice(&quirky[quirky.len() * 3 / 4..]);
+        for (how, damaged) in [("cut", cut), ("gap", &gap[..])] {
+            let refused = try_decode(damaged, None, (w, h), false);
+            assert!(
+                matches!(refused, Err(SampleError::Corrupt(_))),
+                "{name}, {how}: a damaged scan decoded"
+            );
+            let refused = try_decode(damaged, Some(window), (25, 20), true);
+            assert!(
+                refused.is_err(),
+                "{name}, {how}: a damaged scan decoded by region"
+            );
+        }
+    }
+    // The scan fields of progressive and arithmetic-coded files are left as they are when
+    // their JFIF header is mended: each decodes as it does with a version 1 header (a lossless
+    // frame's, which a JFIF header would make YCbCr, in `jpeg_quirks.rs`' tests).
+    let made_with = |set: &dyn Fn(&mut turbojpeg::Compressor)| {
+        let pixels = smooth_photo(w, h);
+        let image = turbojpeg::Image {
+            pixels: &pixels[..],
+            width: w as usize,
+            pitch: w as usize * 3,
+            height: h as usize,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        let mut compressor = turbojpeg::Compressor::new().unwrap();
+        compressor.set_quality(95).unwrap();
+        set(&mut compressor);
+        compressor.compress_to_vec(image).unwrap()
+    };
+    let progressive = made_with(&|c| c.set_progressive(true).unwrap());
+    let arithmetic = made_with(&|c| c.set_arithmetic(true).unwrap());
+    for (name, file) in [("progressive", &progressive), ("arithmetic", &arithmetic)] {
+        let as_made = decode_with(file, None, (w, h), false);
+        let revised = with_jfif_version(file, 2, 1);
+        assert_decoded_as(try_decode(&revised, None, (w, h), false), &as_made, name);
+    }
+    // An arithmetic-coded sequential scan's zeros are mended as a Huffman-coded one's.
+    let as_made = decode_with(&arithmetic, None, (w, h), false);
+    let zeros = with_scan_fields(&arithmetic, [0, 0, 0]);
+    let decoded = try_decode(&zeros, None, (w, h), false);
+    assert_decoded_as(decoded, &as_made, "arithmetic, zeros");
+}
+
 /// A 24-bit BMP of `pixels` (RGB rows), its rows stored top down when `top_down` (a negative
 /// height) or with the OS/2 core header when `os2`.
 fn bmp(pixels: &[u8], width: u32, height: u32, top_down: bool, os2: bool) -> Vec<u8> {

@@ -30,7 +30,10 @@
 //! The safe `turbojpeg` wrapper does not expose `tj3SetCroppingRegion`, so JPEG decoding talks
 //! to `turbojpeg::raw` through a small owned handle. Every call checks its return code; errors
 //! and warnings (a truncated file is a warning to libjpeg) become [`SampleError::Corrupt`], as
-//! does a progressive JPEG of more than 500 scans. A region that libjpeg refuses (its crop
+//! does a progressive JPEG of more than 500 scans, but for padding before the end-of-image
+//! marker and two header quirks Pillow reads through (a JFIF header of version 2, a sequential
+//! scan's fields as Samsung phones write them), which are decoded from a mended copy
+//! (`jpeg_quirks.rs`). A region that libjpeg refuses (its crop
 //! alignment follows the file's sampling factors, which TurboJPEG's subsampling classes do not
 //! always name) is decoded whole at the same scale.
 
@@ -42,19 +45,16 @@ use stoker_datasets::{sniff_format, ImageFormat};
 use turbojpeg::raw;
 
 mod formats;
+mod jpeg_quirks;
 
 use super::geometry::CropWindow;
 use crate::error::SampleError;
 use formats::{bmp_size, decode_png, decode_with_image_crate, jpeg_size, png_header};
 
-/// libjpeg warnings that say nothing of the pixels: the whole image was decoded when they are
-/// given (see `JpegDecompressor::check_decoded`).
-const HARMLESS_WARNINGS: [&str; 2] = [
-    // Bytes between the last scan's data and the end-of-image marker.
-    "extraneous bytes before marker 0xd9",
-    // A JFIF APP0 segment of a major version past 1.
-    "Warning: unknown JFIF revision number",
-];
+/// A libjpeg warning that says nothing of the pixels: bytes between the last scan's data and the
+/// end-of-image marker, given once the whole image was decoded (see
+/// `JpegDecompressor::check_decoded`).
+const HARMLESS_WARNING: &str = "extraneous bytes before marker 0xd9";
 
 /// PIL's `Image.MAX_IMAGE_PIXELS`: the default limit against decompression bombs.
 pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
@@ -258,23 +258,33 @@ impl JpegDecompressor {
         }
     }
 
-    /// [`check`](Self::check) of a header read or a decode, which passes the warnings that say
-    /// nothing of the pixels ([`HARMLESS_WARNINGS`]): bytes padding the end of the last scan
-    /// (common in scraped sets; Pillow reads such files, with the same pixels) and a JFIF
-    /// version the library does not know. TurboJPEG keeps the first warning, so a file that
-    /// warned of damaged data before one of these is still refused.
+    /// [`check`](Self::check) of a decode, which passes the warning that says nothing of the
+    /// pixels ([`HARMLESS_WARNING`]): bytes padding the end of the last scan (common in scraped
+    /// sets; Pillow reads such files, with the same pixels). TurboJPEG keeps the first
+    /// warning, so a file that warned of damaged data before it is still refused; the quirks
+    /// that warn before any scan data are refused here, and decoded again once mended
+    /// (`jpeg_quirks.rs`).
     fn check_decoded(&self, status: i32) -> Result<(), SampleError> {
+        self.check_passing(status, |warning| warning.contains(HARMLESS_WARNING))
+    }
+
+    /// [`check`](Self::check) of a header read, which reads no pixels: the quirks' warnings
+    /// pass as well, the decode mends them.
+    fn check_header(&self, status: i32) -> Result<(), SampleError> {
+        self.check_passing(status, |warning| {
+            warning.contains(HARMLESS_WARNING) || jpeg_quirks::is_quirk(warning)
+        })
+    }
+
+    /// [`check`](Self::check), passing a warning that `passes`.
+    fn check_passing(&self, status: i32, passes: impl Fn(&str) -> bool) -> Result<(), SampleError> {
         if status == 0 {
             return Ok(());
         }
         let message = self.last_error();
         // SAFETY: valid handle.
         let code = unsafe { raw::tj3GetErrorCode(self.handle) };
-        if code == raw::TJERR_TJERR_WARNING as c_int
-            && HARMLESS_WARNINGS
-                .iter()
-                .any(|warning| message.contains(warning))
-        {
+        if code == raw::TJERR_TJERR_WARNING as c_int && passes(&message) {
             tracing::debug!(%message, "a JPEG warning that leaves the pixels whole, passed");
             return Ok(());
         }
@@ -286,7 +296,7 @@ impl JpegDecompressor {
         let status = unsafe {
             raw::tj3DecompressHeader(self.handle, bytes.as_ptr(), bytes.len() as raw::size_t)
         };
-        self.check_decoded(status)?;
+        self.check_header(status)?;
         let width = self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH);
         let height = self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT);
         if width <= 0 || height <= 0 {
@@ -304,7 +314,31 @@ impl JpegDecompressor {
         request: &DecodeRequest,
         out: &mut DecodedImage,
     ) -> Result<(), SampleError> {
+        match self.decode_either(bytes, header, request, out) {
+            // A quirk libjpeg warns of before any scan data (`jpeg_quirks.rs`): decoded again
+            // from a copy without it, whose own warnings count.
+            Err(SampleError::Corrupt(warning)) if jpeg_quirks::is_quirk(&warning) => {
+                match jpeg_quirks::mended(bytes) {
+                    Some(copy) => self.decode_either(&copy, header, request, out),
+                    None => Err(SampleError::Corrupt(warning)),
+                }
+            }
+            decoded => decoded,
+        }
+    }
+
+    /// The request's region decoded, or the whole image where libjpeg refuses the region.
+    fn decode_either(
+        &mut self,
+        bytes: &[u8],
+        header: &ImageHeader,
+        request: &DecodeRequest,
+        out: &mut DecodedImage,
+    ) -> Result<(), SampleError> {
         match self.decode_at(bytes, header, request, out, false) {
+            Err(SampleError::Corrupt(warning)) if jpeg_quirks::is_quirk(&warning) => {
+                Err(SampleError::Corrupt(warning))
+            }
             // libjpeg starts a region on an iMCU of the largest sampling factors, which
             // TurboJPEG's subsampling class does not always give (three components all 2x2 are
             // "4:4:4" to it, 8 pixels wide, 16 to libjpeg): such a valid file fails a region
