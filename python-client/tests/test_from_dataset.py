@@ -715,7 +715,7 @@ def test_a_start_interrupted_after_its_process_started_leaves_no_worker_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A Ctrl-C (or any error) while started workers load their state ends those processes
-    and their pipes. Before, they were left waiting on the pipe (they ignore SIGINT) until
+    and their pipes. Before, they were left waiting on the pipe (they pass on SIGINT) until
     the interpreter exited: more per interrupted attempt in a notebook."""
     import multiprocessing
 
@@ -810,6 +810,84 @@ def test_a_killed_worker_whose_helper_holds_its_pipe_is_still_replaced(
         for pid in pids.read_text().split() if pids.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
+
+
+class StartsAProgram(Squares):
+    """A dataset that starts a program (``sleep``) in each worker process, as one starting a
+    decoder would; its pid goes to ``pids``."""
+
+    def __init__(self, length: int, pids: Path) -> None:
+        super().__init__(length)
+        self.pids, self.started = pids, False
+
+    def __getitem__(self, index: int):
+        if not self.started:
+            self.started = True
+            program = subprocess.Popen(["sleep", "60"])
+            with open(self.pids, "a") as out:
+                out.write(f"{program.pid}\n")
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_programs_a_worker_process_starts_are_ended_by_ctrl_c(tmp_path: Path, method) -> None:
+    """The workers pass on Ctrl-C (the loader's process acts on it), by a handler, not by
+    ignoring it: an ignored signal stays ignored across exec, so the programs the dataset's
+    code starts outlived Ctrl-C in the terminal."""
+    pids = tmp_path / "programs"
+    try:
+        with stoker.Loader.from_dataset(
+            StartsAProgram(16, pids), batch_size=4, output="numpy", num_workers=2,
+            multiprocessing_context=method, timeout=30,
+        ) as loader:
+            assert sorted(i for _, indices in loader for i in indices.tolist()) == list(range(16))
+            started = [int(pid) for pid in pids.read_text().split()]
+            assert len(started) == 2
+            for pid in started:
+                status = Path(f"/proc/{pid}/status").read_text()
+                ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+                assert not ignored & (1 << (signal.SIGINT - 1)), f"SIGINT ignored in {pid}"
+            # The worker itself still passes on Ctrl-C, and reads on.
+            for worker in loader._side.builder._workers:
+                os.kill(worker.process.pid, signal.SIGINT)
+            time.sleep(0.2)
+            assert all(w.process.is_alive() for w in loader._side.builder._workers)
+            assert sorted(i for _, indices in loader for i in indices.tolist()) == list(range(16))
+    finally:
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_worker_taken_for_dead_while_it_runs_is_ended_before_its_replacement(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A descriptor that cannot be passed to a worker (EMFILE, say) takes it for dead: the
+    process is killed before one starts in its place, not left running beside it."""
+    import multiprocessing.reduction
+
+    send_handle = multiprocessing.reduction.send_handle
+    sent: list[int] = []
+    refused: list[int] = []
+
+    def refusing_once(conn, handle, destination_pid):  # type: ignore[no-untyped-def]
+        sent.append(destination_pid)
+        if len(sent) == 2:  # the slots' mapping, after the sample index word at its start
+            refused.append(destination_pid)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return send_handle(conn, handle, destination_pid)
+
+    monkeypatch.setattr(multiprocessing.reduction, "send_handle", refusing_once)
+    with caplog.at_level("WARNING", logger="stoker"), stoker.Loader.from_dataset(
+        Squares(12), batch_size=4, output="numpy", num_workers=1, timeout=30
+    ) as loader:
+        first = loader._side.builder._workers[0].process.pid
+        assert sorted(i for _, indices in loader for i in indices.tolist()) == list(range(12))
+        assert refused == [first]
+        assert loader._side.builder._workers[0].process.pid != first
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # ended, and reaped
+    assert any("replaced by pid" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_a_batch_buffer_the_dataset_code_keeps_goes_back_with_its_last_view(

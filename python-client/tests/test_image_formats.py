@@ -248,9 +248,11 @@ def test_a_jpeg_cut_short_behind_a_header_quirk_is_a_bad_sample(tmp_path: Path) 
         files[f"{name}_cut.jpg"] = quirky[: len(quirky) * 6 // 10]
     two_classes(tmp_path, files)
 
-    with pytest.raises(stoker.DecodeError, match="_cut.jpg"):
-        with small_loader(tmp_path, batch_size=6, on_error="fail", shuffle=False) as loader:
-            list(loader)
+    with (
+        pytest.raises(stoker.DecodeError, match=r"_cut\.jpg"),
+        small_loader(tmp_path, batch_size=6, on_error="fail", shuffle=False) as loader,
+    ):
+        list(loader)
     with small_loader(tmp_path, batch_size=6, on_error="skip") as loader:
         assert sum(batch["image"].shape[0] for batch in loader) == 6
         assert loader.stats()["bad_samples"] == 4

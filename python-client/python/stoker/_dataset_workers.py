@@ -156,7 +156,7 @@ class Worker:
             self._index.set(-1)
             sender.start()
         except BaseException:
-            # Interrupted mid-start (a Ctrl-C): the child, which ignores SIGINT, would wait on
+            # Interrupted mid-start (a Ctrl-C): the child, which passes on SIGINT, would wait on
             # its pipe until this interpreter exits; it goes now, and once a sender that
             # started has ended on it (its process gone), so does the pipe.
             with contextlib.suppress(OSError, ValueError):
@@ -309,6 +309,13 @@ class Worker:
         is closing (close() joins the processes it has, not one started after it)."""
         if self.stopping:
             raise StokerError(f"{why}; the loader is closing")
+        if self.process.is_alive():
+            # Taken for dead on its pipe (a descriptor that could not be passed to it, say)
+            # while it runs: ended here, not left beside its replacement until the loader's
+            # process ends (under fork it holds the parent's end of its pipe, so never reads
+            # an end of file).
+            self.process.kill()
+            self.process.join(timeout=5.0)
         exitcode = self.process.exitcode
         self.conn.close()
         _OPEN_PIPES.discard(self.conn)

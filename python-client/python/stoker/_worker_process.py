@@ -39,6 +39,10 @@ class _Arena:
             self.buffer.close()
 
 
+def _interrupt_passed(signum: int, frame: object) -> None:
+    """A worker's SIGINT handler: the interrupt is the parent's to act on."""
+
+
 def worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) -> None:
     """A worker process: loads the batches it is sent straight into their slots, in the
     loader's shared slot mapping (sent once, as a descriptor, before the first batch). Its
@@ -49,8 +53,10 @@ def worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) -> 
     interpreter, say) reaches the parent with its traceback instead of dying in
     multiprocessing's bootstrap; and not as an argument of the process, whose arguments stay
     referenced for its whole life (a second copy of the dataset in every worker)."""
-    # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C goes to the whole process group; the parent decides, its workers do not. A
+    # handler that does nothing, not SIG_IGN: an ignored signal stays ignored in the programs
+    # the dataset's code starts (a decoder, a reader), which Ctrl-C then no longer ends.
+    signal.signal(signal.SIGINT, _interrupt_passed)
     listen_for_dumps(dump_path(dumps, os.getpid()))
     # A native thread: it needs no interpreter lock, which a sample in C code may hold.
     _native.exit_with_loader(loader_pid)
