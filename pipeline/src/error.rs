@@ -109,6 +109,10 @@ pub enum SampleError {
     /// The bytes are in no image format Stoker decodes (by their leading bytes).
     #[error("not an image Stoker decodes (JPEG, PNG, WebP, BMP, TIFF, PBM/PGM/PPM or GIF)")]
     UnsupportedFormat,
+    /// The bytes are of a format Stoker decodes, in a kind of it its decoder does not read (a
+    /// palette, YCbCr or planar TIFF, say), which PIL may read.
+    #[error("an image of a kind Stoker does not decode: {0}")]
+    UnsupportedKind(String),
     /// The decoder rejected the bytes (truncated or corrupt data).
     #[error("corrupt image: {0}")]
     Corrupt(String),

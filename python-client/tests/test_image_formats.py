@@ -13,6 +13,7 @@ of its own.
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,59 @@ def test_sixteen_bit_gray_keeps_the_high_byte_where_pillow_clips(format: str) ->
     assert np.array_equal(stoker_rgb(data), high_byte)
     clipped = np.repeat(np.minimum(gray, 255).astype(np.uint8)[..., None], 3, axis=-1)
     assert np.array_equal(pillow_rgb(data), clipped)
+
+
+def planar_tiff(width: int = 4, height: int = 4) -> bytes:
+    """An uncompressed RGB TIFF stored by planes (PlanarConfiguration 2), which Pillow reads
+    and does not write."""
+    planes = [
+        bytes((x * 40 + c * 80 + y * 10) % 256 for y in range(height) for x in range(width))
+        for c in range(3)
+    ]
+    entries, ifd, plane = 10, 8, width * height
+    bits_at = ifd + 2 + entries * 12 + 4
+    offsets_at, counts_at = bits_at + 6, bits_at + 18
+    data_at = counts_at + 12
+
+    def entry(tag: int, kind: int, count: int, value: int) -> bytes:
+        if kind == 3 and count == 1:  # one SHORT, in the entry itself
+            return struct.pack("<HHIHH", tag, kind, count, value, 0)
+        return struct.pack("<HHII", tag, kind, count, value)
+
+    out = b"II*\x00" + struct.pack("<IH", ifd, entries)
+    out += entry(256, 3, 1, width) + entry(257, 3, 1, height) + entry(258, 3, 3, bits_at)
+    out += entry(259, 3, 1, 1) + entry(262, 3, 1, 2) + entry(273, 4, 3, offsets_at)
+    out += entry(277, 3, 1, 3) + entry(278, 3, 1, height) + entry(279, 4, 3, counts_at)
+    out += entry(284, 3, 1, 2) + struct.pack("<I", 0)
+    out += struct.pack("<3H", 8, 8, 8)
+    out += struct.pack("<3I", *(data_at + i * plane for i in range(3)))
+    out += struct.pack("<3I", plane, plane, plane)
+    return out + b"".join(planes)
+
+
+UNREAD_TIFFS: dict[str, Callable[[], bytes]] = {
+    "palette": lambda: saved(Image.fromarray(photo()).convert("P"), "TIFF"),
+    "ycbcr (jpeg-compressed)": lambda: saved(
+        Image.fromarray(photo()).convert("YCbCr"), "TIFF", compression="jpeg"
+    ),
+    "planar": planar_tiff,
+    "bigtiff": lambda: saved(Image.fromarray(photo()), "TIFF", big_tiff=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREAD_TIFFS))
+def test_tiffs_pillow_reads_and_stoker_does_not_are_bad_samples_naming_why(name: str) -> None:
+    data = UNREAD_TIFFS[name]()
+    assert pillow_rgb(data).ndim == 3
+    why = "an image of a kind Stoker does not decode" if name != "bigtiff" else "not an image"
+    with pytest.raises(stoker.DecodeError, match=why):
+        stoker_rgb(data, Image.open(io.BytesIO(data)).size)
+
+
+def test_a_cmyk_tiff_is_within_one_level_of_pillow() -> None:
+    data = saved(Image.fromarray(photo(4), "CMYK"), "TIFF")
+    ours, theirs = stoker_rgb(data).astype(int), pillow_rgb(data).astype(int)
+    assert int(np.abs(ours - theirs).max()) <= 1
 
 
 def two_classes(root: Path, files: dict[str, bytes]) -> None:

@@ -193,11 +193,13 @@ class Op(ABC):
 class DecodeImage(Op):
     """Decodes an image to RGB as PIL's ``Image.open(f).convert("RGB")`` does.
 
-    JPEG (CMYK and YCCK too), PNG, WebP, BMP, TIFF, PBM/PGM/PPM and GIF (the first frame),
-    told apart by their bytes, not their names; alpha is dropped, gray replicated. Anything
-    else is a bad sample (see ``Loader(on_error=...)``). Where PIL differs: 16-bit gray
-    (PNG, TIFF, PGM) keeps its high byte, where PIL clips it at 255 (nearly white); a PNM of
-    a maximum other than 255 may round one level apart.
+    JPEG (CMYK and YCCK too), PNG, WebP, BMP, TIFF (the first page, one plane of gray, RGB,
+    RGBA or CMYK samples), PBM/PGM/PPM and GIF (the first frame), told apart by their bytes,
+    not their names; alpha is dropped, gray replicated. Anything else is a bad sample (see
+    ``Loader(on_error=...)``), also where PIL reads it: a palette, YCbCr or planar TIFF, a
+    BigTIFF. Where PIL differs: 16-bit gray (PNG, TIFF, PGM) keeps its high byte, where PIL
+    clips it at 255 (nearly white); a PNM of a maximum other than 255, and a CMYK TIFF, may
+    round one level apart.
 
     Args:
         max_pixels: refuse images with more pixels than this (a decompression-bomb guard).

@@ -167,8 +167,11 @@ pub(super) fn decode_with_image_crate(
     format: image::ImageFormat,
     out: &mut DecodedImage,
 ) -> Result<(), SampleError> {
-    let corrupt = |error: image::ImageError| {
-        SampleError::Corrupt(format!("{}: {error}", header.format.name()))
+    let corrupt = |error: image::ImageError| match error {
+        image::ImageError::Unsupported(kind) => {
+            SampleError::UnsupportedKind(format!("{}: {kind}", header.format.name()))
+        }
+        error => SampleError::Corrupt(format!("{}: {error}", header.format.name())),
     };
     let pixels = u64::from(header.width) * u64::from(header.height);
     let mut limits = image::Limits::default();

@@ -5,7 +5,9 @@
 //!   does (see [`cmyk_to_rgb`]);
 //! - PNG through the `png` crate;
 //! - WebP (lossy, lossless, with alpha; an animation's first frame), BMP, TIFF (the first
-//!   page), PBM/PGM/PPM and GIF (the first frame) through the `image` crate.
+//!   page, one plane of gray, RGB, RGBA or CMYK samples: a palette, YCbCr or planar TIFF, which
+//!   PIL reads, is [`SampleError::UnsupportedKind`], and a BigTIFF no format Stoker decodes),
+//!   PBM/PGM/PPM and GIF (the first frame) through the `image` crate.
 //!
 //! The format comes from the bytes ([`sniff_format`]), never from a file name. Alpha is dropped
 //! without compositing and gray is replicated to three channels, as `convert("RGB")` does (a
@@ -16,7 +18,8 @@
 //!   clips 16-bit *gray* (PNG, TIFF, PGM: modes "I;16" and "I") at 255, so such an image comes
 //!   out as its 8-bit version here and nearly white from PIL;
 //! - PNM with a maximum other than 255 (a 16-bit PPM, a PGM of maxval 100) is scaled to 8 bits
-//!   by the `image` crate and by PIL with other rounding: one level apart at most.
+//!   by the `image` crate and by PIL with other rounding: one level apart at most; a CMYK
+//!   TIFF is turned into RGB by the `image` crate's formula, one level from Pillow's at most.
 //!
 //! Lossy WebP comes out bit-exact against Pillow's libwebp 1.6 on every image tried (qualities
 //! 5 to 99, methods 0 to 6, with and without alpha); the Python suite's
