@@ -286,15 +286,18 @@ pub(super) fn rank_threads(
             .map(|worker| worker.threads as usize)
             .sum()
     });
-    let ranks = 1 + clients
-        .keys()
-        .filter(|(other_job, other)| *other_job == job && *other != rank)
-        .count();
     if threads == 0 {
-        0
-    } else {
-        ((threads + ranks / 2) / ranks).max(1)
+        // Without a dashboard nothing is recorded as served: every report of every rank ends
+        // here, never walking the ranks (a walk of all jobs' ranks each report, under the
+        // state's lock, was quadratic in the ranks).
+        return 0;
     }
+    // The job's ranks alone, by the key's order.
+    let ranks = 1 + clients
+        .range((job, 0)..=(job, u32::MAX))
+        .filter(|((_, other), _)| *other != rank)
+        .count();
+    ((threads + ranks / 2) / ranks).max(1)
 }
 
 /// A worker's name on the dashboard.

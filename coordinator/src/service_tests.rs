@@ -13,7 +13,7 @@ use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
     CloseSessionRequest, DatasetSource, DescribeJobResponse, GetJobRequest, HeartbeatRequest,
     JobSpec, LeaseRequest, LeaveRequest, OpenSessionRequest, RegisterJobRequest,
-    RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest, TaskLease,
+    RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest, TaskLease, WorkerSet,
 };
 use stoker_rpc::describe_only::DescribeOnly;
 use stoker_rpc::error_kinds::kind_of_status;
@@ -2024,5 +2024,70 @@ async fn an_older_report_of_another_session_of_a_rank_never_takes_the_newer_ones
         .map(|c| c.stats.elapsed_ns)
         .collect();
     assert_eq!(kept, [11_000_000_000]);
+    Ok(())
+}
+
+/// A client's update naming a worker it cannot reach takes back that worker's leases of the
+/// session: a worker waiting for work is woken for them at once, not at the end of its wait
+/// (the wake-ups counted the credits an update grants, none for the steps it took back).
+#[tokio::test]
+async fn steps_taken_back_from_a_worker_the_client_cannot_reach_wake_a_waiting_one() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    // No lease times out here: the steps come back by the client's word alone.
+    config.core.lease_timeout = Duration::from_secs(60);
+    config.max_lease_wait = Duration::from_secs(30);
+    let (_service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    start_data_server(&network, Vec::new())?;
+    let mut unreachable = coordinator(&network, None);
+    let unreachable_id = register_worker(&mut unreachable).await?;
+    let mut client = coordinator(&network, None);
+    let (_, session) = open(&mut client, 2).await?;
+    assert_eq!(
+        steps(&lease(&mut unreachable, unreachable_id, 4).await?),
+        [0, 1]
+    );
+    let mut waiting = coordinator(&network, None);
+    let waiting_id = register_worker_at(&mut waiting, "worker-b:7001").await?;
+    let waited = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let request = LeaseRequest {
+            worker_id: waiting_id,
+            max_tasks: 4,
+            wait_ms: 20_000,
+            report: None,
+            full_sessions: Vec::new(),
+        };
+        let leased = waiting.lease(request).await.map(|r| r.into_inner().tasks);
+        (leased, started.elapsed())
+    });
+    // The waiting call is in before the update. The client names the worker by the id the
+    // coordinator's list gave it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let request = SessionUpdateRequest {
+        session: Some(session),
+        ..SessionUpdateRequest::default()
+    };
+    let listed = client.update_session(request).await?.into_inner().workers;
+    let unreachable_listed = listed
+        .iter()
+        .find(|worker| worker.data_address == DATA_SERVER)
+        .ok_or("the first worker listed")?
+        .worker_id;
+    let request = SessionUpdateRequest {
+        session: Some(session),
+        unreachable_workers: Some(WorkerSet {
+            workers: vec![unreachable_listed],
+        }),
+        ..SessionUpdateRequest::default()
+    };
+    client.update_session(request).await?;
+    let (leased, waited_for) = tokio::time::timeout(Duration::from_secs(40), waited).await??;
+    assert_eq!(steps(&leased?), [0, 1], "the steps taken back");
+    assert!(
+        waited_for < Duration::from_secs(10),
+        "woken after {waited_for:?}, at the end of its wait"
+    );
     Ok(())
 }

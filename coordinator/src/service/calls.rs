@@ -450,16 +450,15 @@ impl CoordinatorService {
                 .grant_credits(session, request.grant_credits)
                 .map_err(coordinator_status)?;
         }
-        if let Some(unreachable) = &request.unreachable_workers {
-            // The ids of the workers' list this run gave the session (its token is this run's);
-            // one it never gave is left out.
-            let workers: Vec<WorkerId> =
-                unreachable.workers.iter().map(|&id| WorkerId(id)).collect();
-            state
-                .core
-                .set_unreachable(session, &workers)
-                .map_err(coordinator_status)?;
-        }
+        // Steps taken back from workers the client cannot reach (by the ids of the list this
+        // run gave the session; one it never gave is left out): ready again, as granted ones.
+        let taken_back = match &request.unreachable_workers {
+            Some(set) => {
+                let workers: Vec<WorkerId> = set.workers.iter().map(|&id| WorkerId(id)).collect();
+                (state.core.set_unreachable(session, &workers)).map_err(coordinator_status)?
+            }
+            None => 0,
+        };
         let position = state
             .core
             .acknowledged_position(session)
@@ -532,11 +531,12 @@ impl CoordinatorService {
         if let (Some(dashboard), Some((name, rank, latest))) = (&self.dashboard, to_show) {
             dashboard.register_job(&name, rank, LoaderMonitor::reported(latest));
         }
-        // One waiting lease call woken per credit, not all of them: with thousands of workers
-        // waiting, waking each for every credit costs the coordinator O(workers) per grant.
-        // A call woken for work another took waits again; a call dropped before it ran hands
-        // its wake-up on (tokio's `Notify`).
-        for _ in 0..request.grant_credits.min(MAX_WAKES) {
+        // One waiting lease call woken per credit or step taken back, not all of them: with
+        // thousands of workers waiting, waking each for every credit costs the coordinator
+        // O(workers) per grant. A call woken for work another took waits again; a call dropped
+        // before it ran hands its wake-up on (tokio's `Notify`).
+        let wakes = request.grant_credits.saturating_add(taken_back);
+        for _ in 0..wakes.min(MAX_WAKES) {
             self.work.notify_one();
         }
         Ok(SessionUpdateResponse {
