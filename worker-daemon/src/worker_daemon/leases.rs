@@ -33,8 +33,9 @@ use crate::client_stream::Room;
 
 /// How a spell of leasing from one registration ended.
 enum Ended {
-    /// A call to the coordinator failed: register again.
-    Lost(Status),
+    /// A call to the coordinator failed: register again; `leased` once a lease was answered
+    /// since registering.
+    Lost { status: Status, leased: bool },
     /// The worker was told to stop, and left.
     Drained,
 }
@@ -153,7 +154,6 @@ pub(super) async fn task_loop(
                 continue;
             }
         };
-        backoff.reset();
         if incarnation != Some(registered.incarnation) {
             // A new coordinator run: job ids may mean other jobs now.
             let forgotten = shared.forget_jobs(place.index);
@@ -183,7 +183,14 @@ pub(super) async fn task_loop(
         place.shares.note(place.index, 0);
         match ended {
             Ended::Drained => return,
-            Ended::Lost(status) => {
+            Ended::Lost { status, leased } => {
+                // The pause goes back to its first step only once leases were answered: a
+                // worker registered and refused its leases at once (registration and leases
+                // answered by different replicas, say) registered again every 50 ms, each time
+                // a new worker for the coordinator to keep.
+                if leased {
+                    backoff.reset();
+                }
                 place
                     .registrations
                     .set(place.index, false, draining.borrow().is_some());
@@ -252,6 +259,8 @@ async fn serve_leases(
         waiting: Arc::default(),
         _in_flight: in_flight,
     };
+    // Whether a lease call was answered (see `Ended::Lost`).
+    let mut answered = false;
     let status = loop {
         if draining.borrow().is_some() {
             break None;
@@ -286,6 +295,7 @@ async fn serve_leases(
         // for those left waiting for their job's opening, which go back once the loop ends).
         let tasks = match leased {
             Ok(response) => {
+                answered = true;
                 place.shares.note(place.index, response.waiting_sessions);
                 response.tasks
             }
@@ -371,7 +381,10 @@ async fn serve_leases(
         heartbeat.abort();
         reporter.abort();
         unreported_lost(lock(&unreported).len(), &status);
-        return Ended::Lost(status);
+        return Ended::Lost {
+            status,
+            leased: answered,
+        };
     }
     // What waits for its job's opening goes back for another worker.
     for task in openings.take_waiting() {

@@ -4,6 +4,8 @@
 //! embedded loader's. The same paths with real processes and sockets are `cli/tests/it/`'s.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_coordinator::{CoordinatorConfig, CoordinatorService, CoordinatorServiceConfig};
@@ -1487,5 +1489,24 @@ fn a_stream_the_worker_ends_for_taking_nothing_makes_the_client_open_its_session
     // requeued steps until the client's stall watch, past the deadline.
     let stats = cluster.coordinator.core_stats();
     assert!(stats.session_opens >= 2, "{stats:?}");
+    Ok(())
+}
+
+/// A worker whose leases are refused right after it registers (registration and leases
+/// answered by different coordinator replicas, a proxy in between) registered again every
+/// 50 ms, a new worker each time for the coordinator to keep: the pause between tries grows
+/// as for a failed registration until a lease is answered.
+#[test]
+fn a_worker_whose_leases_are_refused_registers_again_less_and_less_often() -> TestResult {
+    let registrations = Arc::new(AtomicUsize::new(0));
+    let (_data, _state, _network, _cluster) =
+        one_worker_behind(proxy::Proxy::LeasesRefused(Arc::clone(&registrations)))?;
+    std::thread::sleep(Duration::from_secs(3));
+    let registered = registrations.load(Ordering::Relaxed);
+    // 50, 100, 200, 400, 800 and 1,600 ms apart: seven at most in three seconds.
+    assert!(
+        (2..=8).contains(&registered),
+        "{registered} registrations in 3 s"
+    );
     Ok(())
 }

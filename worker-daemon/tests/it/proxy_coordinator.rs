@@ -2,7 +2,8 @@
 //! update and lease streams as unimplemented (what tonic answers for a method it does not
 //! know), and clients and workers must go on with a call each; *recording*, it passes every
 //! call through, keeps what each session update asked of the coordinator, may hold each lease
-//! request a while, and holds the answers about the jobs a test names until it lets them go.
+//! request a while, and holds the answers about the jobs a test names until it lets them go; it
+//! may also register workers and refuse all their leases.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -101,6 +102,9 @@ pub enum Proxy {
     Recording(Recorded),
     /// Passes everything through but the session token of each `OpenSession` answer.
     NoSessionToken,
+    /// Registers workers, counting each registration, and refuses every lease (as a replica
+    /// that does not know the worker would, behind a service that spreads calls).
+    LeasesRefused(Arc<AtomicUsize>),
 }
 
 #[derive(Clone)]
@@ -132,6 +136,10 @@ where
         .await
 }
 
+fn refused_lease() -> Status {
+    Status::failed_precondition("worker not registered here")
+}
+
 fn unknown(count: &AtomicUsize, method: &str) -> Status {
     count.fetch_add(1, Ordering::Relaxed);
     Status::unimplemented(format!("unknown method {method}"))
@@ -143,6 +151,9 @@ impl coordinator_server::Coordinator for Coordinator {
         &self,
         request: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        if let Proxy::LeasesRefused(registrations) = &self.proxy {
+            registrations.fetch_add(1, Ordering::Relaxed);
+        }
         self.current.register_worker(request).await
     }
 
@@ -157,6 +168,9 @@ impl coordinator_server::Coordinator for Coordinator {
         &self,
         request: Request<LeaseRequest>,
     ) -> Result<Response<LeaseResponse>, Status> {
+        if let Proxy::LeasesRefused(_) = &self.proxy {
+            return Err(refused_lease());
+        }
         self.current.lease(request).await
     }
 
@@ -179,6 +193,7 @@ impl coordinator_server::Coordinator for Coordinator {
             Proxy::NoSessionToken => Ok(Response::new(
                 self.current.lease_answers(request.into_inner()),
             )),
+            Proxy::LeasesRefused(_) => Err(refused_lease()),
         }
     }
 
@@ -254,7 +269,7 @@ impl coordinator_server::Coordinator for Coordinator {
                 });
                 Ok(Response::new(self.current.update_answers(updates)))
             }
-            Proxy::NoSessionToken => Ok(Response::new(
+            Proxy::NoSessionToken | Proxy::LeasesRefused(_) => Ok(Response::new(
                 self.current.update_answers(request.into_inner()),
             )),
         }
