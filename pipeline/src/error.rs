@@ -110,7 +110,7 @@ pub enum SampleError {
     #[error("not an image Stoker decodes (JPEG, PNG, WebP, BMP, TIFF, PBM/PGM/PPM or GIF)")]
     UnsupportedFormat,
     /// The bytes are of a format Stoker decodes, in a kind of it its decoder does not read (a
-    /// palette, YCbCr or planar TIFF, say), which PIL may read.
+    /// palette, YCbCr, planar or gray-with-alpha TIFF, say), which PIL may read.
     #[error("an image of a kind Stoker does not decode: {0}")]
     UnsupportedKind(String),
     /// The decoder rejected the bytes (truncated or corrupt data).

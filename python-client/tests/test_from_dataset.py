@@ -830,11 +830,16 @@ class StartsAProgram(Squares):
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_programs_a_worker_process_starts_are_ended_by_ctrl_c(tmp_path: Path, method) -> None:
+@pytest.mark.parametrize("ignored_here", [False, True])
+def test_programs_a_worker_process_starts_are_ended_by_ctrl_c(
+    tmp_path: Path, method: str, ignored_here: bool
+) -> None:
     """The workers pass on Ctrl-C (the loader's process acts on it), by a handler, not by
     ignoring it: an ignored signal stays ignored across exec, so the programs the dataset's
-    code starts outlived Ctrl-C in the terminal."""
+    code starts outlived Ctrl-C in the terminal. Where the loader's process ignores it (a
+    background job of a shell script), so do they."""
     pids = tmp_path / "programs"
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignored_here else None
     try:
         with stoker.Loader.from_dataset(
             StartsAProgram(16, pids), batch_size=4, output="numpy", num_workers=2,
@@ -846,7 +851,7 @@ def test_programs_a_worker_process_starts_are_ended_by_ctrl_c(tmp_path: Path, me
             for pid in started:
                 status = Path(f"/proc/{pid}/status").read_text()
                 ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
-                assert not ignored & (1 << (signal.SIGINT - 1)), f"SIGINT ignored in {pid}"
+                assert bool(ignored & (1 << (signal.SIGINT - 1))) == ignored_here, pid
             # The worker itself still passes on Ctrl-C, and reads on.
             for worker in loader._side.builder._workers:
                 os.kill(worker.process.pid, signal.SIGINT)
@@ -854,6 +859,8 @@ def test_programs_a_worker_process_starts_are_ended_by_ctrl_c(tmp_path: Path, me
             assert all(w.process.is_alive() for w in loader._side.builder._workers)
             assert sorted(i for _, indices in loader for i in indices.tolist()) == list(range(16))
     finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
         for pid in pids.read_text().split() if pids.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)

@@ -230,6 +230,7 @@ UNREAD_TIFFS: dict[str, Callable[[], bytes]] = {
         Image.fromarray(photo()).convert("YCbCr"), "TIFF", compression="jpeg"
     ),
     "planar": planar_tiff,
+    "gray with alpha": lambda: saved(Image.fromarray(photo(2), "LA"), "TIFF"),
     "bigtiff": lambda: saved(Image.fromarray(photo()), "TIFF", big_tiff=True),
 }
 

@@ -394,6 +394,33 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
             );
         }
     }
+    // A JFIF header of version 2 after the scan, which libjpeg reads as the decode ends: the
+    // header walk does not see it, the decode's warning does; the file is decoded again from
+    // a mended copy, and damage before it is still refused.
+    let trailing = |file: &[u8]| {
+        let mut app0 = vec![0xFF, 0xE0, 0, 16];
+        app0.extend(b"JFIF\0");
+        app0.extend([2, 1, 0, 0, 1, 0, 1, 0, 0]);
+        let mut out = file[..file.len() - 2].to_vec();
+        out.extend(app0);
+        out.extend([0xFF, 0xD9]);
+        out
+    };
+    let late = trailing(&bytes);
+    assert_decoded_as(
+        try_decode(&late, None, (w, h), false),
+        &clean,
+        "trailing jfif",
+    );
+    let region = try_decode(&late, Some(window), (25, 20), true);
+    assert_decoded_as(region, &clean_region, "trailing jfif by region");
+    let mut gap = bytes[..bytes.len() / 2].to_vec();
+    gap.extend_from_slice(&bytes[bytes.len() * 3 / 4..]);
+    let refused = try_decode(&trailing(&gap), None, (w, h), false);
+    assert!(
+        matches!(refused, Err(SampleError::Corrupt(_))),
+        "a damaged scan decoded"
+    );
     // The scan fields of progressive and arithmetic-coded files are left as they are when
     // their JFIF header is mended: each decodes as it does with a version 1 header (a lossless
     // frame's, which a JFIF header would make YCbCr, in `jpeg_quirks.rs`' tests).

@@ -314,8 +314,12 @@ class Worker:
             # while it runs: ended here, not left beside its replacement until the loader's
             # process ends (under fork it holds the parent's end of its pipe, so never reads
             # an end of file).
+            # Reaped by is_alive() (a wait on the process, not on its sentinel, which a process
+            # the dataset forked may hold open).
             self.process.kill()
-            self.process.join(timeout=5.0)
+            reaped_by = time.monotonic() + 5.0
+            while self.process.is_alive() and time.monotonic() < reaped_by:
+                time.sleep(0.01)
         exitcode = self.process.exitcode
         self.conn.close()
         _OPEN_PIPES.discard(self.conn)

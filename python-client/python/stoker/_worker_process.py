@@ -55,8 +55,11 @@ def worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) -> 
     referenced for its whole life (a second copy of the dataset in every worker)."""
     # Ctrl-C goes to the whole process group; the parent decides, its workers do not. A
     # handler that does nothing, not SIG_IGN: an ignored signal stays ignored in the programs
-    # the dataset's code starts (a decoder, a reader), which Ctrl-C then no longer ends.
-    signal.signal(signal.SIGINT, _interrupt_passed)
+    # the dataset's code starts (a decoder, a reader), which Ctrl-C then no longer ends. Where
+    # the loader's process ignores it (started in the background by a shell script), it stays
+    # ignored, for those programs too.
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _interrupt_passed)
     listen_for_dumps(dump_path(dumps, os.getpid()))
     # A native thread: it needs no interpreter lock, which a sample in C code may hold.
     _native.exit_with_loader(loader_pid)

@@ -4,9 +4,10 @@
 //! there; libjpeg ignores the fields in a sequential scan). Pillow and tf.io decode such files;
 //! libjpeg's warning would make them bad samples. Nor can the warning be passed: TurboJPEG keeps
 //! the text of a decode's first warning only, and these come before any scan data is read, so
-//! a warning of damage after them (a scan cut short) would go unseen. A file that warns of one
-//! is decoded again from a copy with the fields set to what libjpeg reads them as
-//! ([`mended`]), and that decode's own warnings count.
+//! a warning of damage after them (a scan cut short) would go unseen. A file whose header
+//! shows one ([`quirk_in_header`]) is decoded from a copy with the fields set to what libjpeg
+//! reads them as ([`mended`]); one whose decode warns of one past its header is decoded again
+//! from such a copy; either way the copy's own warnings count.
 
 /// The text of libjpeg's warnings of the quirks (`JWRN_JFIF_MAJOR`, `JWRN_NOT_SEQUENTIAL`).
 const QUIRK_WARNINGS: [&str; 2] = [
@@ -22,19 +23,34 @@ pub(super) fn is_quirk(warning: &str) -> bool {
 /// A copy of the JPEG `bytes` with each JFIF header's major version set to 1, and the
 /// spectral selection and successive approximation of each scan of a sequential frame set to
 /// 0, 63 and 0 (what a sequential decode reads regardless); `None` when no field differs.
-/// The markers are walked as libjpeg reads them, past each scan's entropy-coded data; a walk
-/// that meets what is no marker stops there, with what it mended before (the decode of the
-/// copy then refuses the damage).
 pub(super) fn mended(bytes: &[u8]) -> Option<Vec<u8>> {
-    if bytes.get(..2) != Some(&[0xFF, 0xD8][..]) {
-        return None;
-    }
     let mut copy: Option<Vec<u8>> = None;
-    let set = |copy: &mut Option<Vec<u8>>, at: usize, value: u8| {
+    walk(bytes, false, |at, value| {
         if bytes[at] != value {
             copy.get_or_insert_with(|| bytes.to_vec())[at] = value;
         }
-    };
+    });
+    copy
+}
+
+/// Whether [`mended`] would change a field of `bytes` before its first scan's data (a JFIF
+/// header, the first scan's header): a walk of the header alone, so that such a file is
+/// mended before its first decode, not decoded twice. A quirk past that (a later scan's
+/// header, a JFIF header after the scan) is found by the decode's warning.
+pub(super) fn quirk_in_header(bytes: &[u8]) -> bool {
+    let mut found = false;
+    walk(bytes, true, |at, value| found |= bytes[at] != value);
+    found
+}
+
+/// Walks the markers of `bytes` as libjpeg reads them, past each scan's entropy-coded data
+/// (to the first scan's data alone when `header_only`), calling `set(at, value)` for each
+/// field the quirks' mending sets. A walk that meets what is no marker stops there, with
+/// what it found before (a decode of the copy then refuses the damage).
+fn walk(bytes: &[u8], header_only: bool, mut set: impl FnMut(usize, u8)) {
+    if bytes.get(..2) != Some(&[0xFF, 0xD8][..]) {
+        return;
+    }
     let mut sequential = false;
     let mut at = 2;
     while bytes.get(at) == Some(&0xFF) {
@@ -61,9 +77,8 @@ pub(super) fn mended(bytes: &[u8]) -> Option<Vec<u8>> {
         };
         let data_at = at + 2;
         match marker {
-            0xE0 if data.len() >= 7 && data.starts_with(b"JFIF\0") => {
-                set(&mut copy, data_at + 5, 1)
-            }
+            // libjpeg reads an APP0 as JFIF from 14 bytes on.
+            0xE0 if data.len() >= 14 && data.starts_with(b"JFIF\0") => set(data_at + 5, 1),
             // Baseline, extended and arithmetic-coded sequential frames.
             0xC0 | 0xC1 | 0xC9 => sequential = true,
             // Progressive, lossless and hierarchical frames keep their scans' fields.
@@ -74,23 +89,26 @@ pub(super) fn mended(bytes: &[u8]) -> Option<Vec<u8>> {
                 };
                 let fields = data_at + 1 + 2 * usize::from(components);
                 if sequential && data_at + data.len() >= fields + 3 {
-                    set(&mut copy, fields, 0);
-                    set(&mut copy, fields + 1, 63);
-                    set(&mut copy, fields + 2, 0);
+                    set(fields, 0);
+                    set(fields + 1, 63);
+                    set(fields + 2, 0);
+                }
+                if header_only {
+                    return;
                 }
                 at = data_at + data.len();
                 // The entropy-coded data: a 0xFF in it is followed by 0x00 (a stuffed byte),
                 // a restart marker, or more fill; anything else is the next marker.
                 loop {
                     let Some(next) = bytes[at..].iter().position(|&b| b == 0xFF) else {
-                        return copy;
+                        return;
                     };
                     at += next;
                     match bytes.get(at + 1) {
                         Some(0x00 | 0xD0..=0xD7) => at += 2,
                         Some(0xFF) => at += 1,
                         Some(_) => break,
-                        None => return copy,
+                        None => return,
                     }
                 }
                 continue;
@@ -99,7 +117,6 @@ pub(super) fn mended(bytes: &[u8]) -> Option<Vec<u8>> {
         }
         at = data_at + data.len();
     }
-    copy
 }
 
 #[cfg(test)]
@@ -187,6 +204,26 @@ mod tests {
         // A length field under 2 ends the walk too.
         let mut short = vec![0xFF, 0xD8, 0xFF, 0xE1, 0, 1];
         short.extend_from_slice(&quirky[2..]);
+        assert_eq!(mended(&short), None);
+    }
+
+    #[test]
+    fn the_header_walk_sees_the_quirks_before_the_first_scans_data_alone() {
+        assert!(!quirk_in_header(&skeleton(1, 0xC0, [0, 63, 0])));
+        assert!(quirk_in_header(&skeleton(2, 0xC0, [0, 63, 0])));
+        assert!(quirk_in_header(&skeleton(1, 0xC0, [0, 0, 0])));
+        assert!(!quirk_in_header(&skeleton(1, 0xC2, [1, 5, 0x10])));
+        // The second scan's fields alone: past the header, for the decode to find.
+        let mut later = skeleton(1, 0xC0, [0, 63, 0]);
+        let second = field_offsets(&later)[1];
+        later[second + 1] = 0;
+        assert!(!quirk_in_header(&later));
+        assert!(mended(&later).is_some());
+        // An APP0 under libjpeg's 14 bytes is no JFIF header to it, nor here.
+        let mut short = vec![0xFF, 0xD8, 0xFF, 0xE0, 0, 9];
+        short.extend(b"JFIF\0");
+        short.extend([2, 1]);
+        short.extend_from_slice(&skeleton(1, 0xC0, [0, 63, 0])[2..]);
         assert_eq!(mended(&short), None);
     }
 

@@ -5,9 +5,9 @@
 //!   does (see [`cmyk_to_rgb`]);
 //! - PNG through the `png` crate;
 //! - WebP (lossy, lossless, with alpha; an animation's first frame), BMP, TIFF (the first
-//!   page, one plane of gray, RGB, RGBA or CMYK samples: a palette, YCbCr or planar TIFF, which
-//!   PIL reads, is [`SampleError::UnsupportedKind`], and a BigTIFF no format Stoker decodes),
-//!   PBM/PGM/PPM and GIF (the first frame) through the `image` crate.
+//!   page, one plane of gray, RGB, RGBA or CMYK samples: a palette, YCbCr, planar or
+//!   gray-with-alpha TIFF, which PIL reads, is [`SampleError::UnsupportedKind`], and a BigTIFF
+//!   no format Stoker decodes), PBM/PGM/PPM and GIF (the first frame) through the `image` crate.
 //!
 //! The format comes from the bytes ([`sniff_format`]), never from a file name. Alpha is dropped
 //! without compositing and gray is replicated to three channels, as `convert("RGB")` does (a
@@ -19,7 +19,8 @@
 //!   out as its 8-bit version here and nearly white from PIL;
 //! - PNM with a maximum other than 255 (a 16-bit PPM, a PGM of maxval 100) is scaled to 8 bits
 //!   by the `image` crate and by PIL with other rounding: one level apart at most; a CMYK
-//!   TIFF is turned into RGB by the `image` crate's formula, one level from Pillow's at most.
+//!   TIFF is turned into RGB by the `image` crate's formula, one level from Pillow's at most
+//!   for 8-bit samples (16-bit ones were not compared).
 //!
 //! Lossy WebP comes out bit-exact against Pillow's libwebp 1.6 on every image tried (qualities
 //! 5 to 99, methods 0 to 6, with and without alpha); the Python suite's
@@ -317,9 +318,16 @@ impl JpegDecompressor {
         request: &DecodeRequest,
         out: &mut DecodedImage,
     ) -> Result<(), SampleError> {
+        // A quirk libjpeg warns of though the pixels are whole (`jpeg_quirks.rs`): mended
+        // before the decode where the header shows it, the copy's own warnings counting.
+        if jpeg_quirks::quirk_in_header(bytes) {
+            if let Some(copy) = jpeg_quirks::mended(bytes) {
+                return self.decode_either(&copy, header, request, out);
+            }
+        }
         match self.decode_either(bytes, header, request, out) {
-            // A quirk libjpeg warns of before any scan data (`jpeg_quirks.rs`): decoded again
-            // from a copy without it, whose own warnings count.
+            // One past the header (a later scan's, a JFIF header after the scan): the file
+            // is decoded again from a copy without it.
             Err(SampleError::Corrupt(warning)) if jpeg_quirks::is_quirk(&warning) => {
                 match jpeg_quirks::mended(bytes) {
                     Some(copy) => self.decode_either(&copy, header, request, out),
