@@ -764,25 +764,35 @@ def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
     assert killed == read(kill=False)
 
 
-class StartsAHelper(Slow):
-    """A dataset that starts a helper process of its own in each worker (a decoder, a reader),
-    which inherits the worker's pipe to the loader and outlives it; its pid goes to
-    ``pids``."""
+class StartsAProcess(Slow):
+    """A dataset that starts a process of its own in each worker (a decoder, a reader), at
+    its first sample; its pid goes to ``pids``."""
 
     def __init__(self, length: int, pids: Path) -> None:
         super().__init__(length)
         self.pids, self.started = pids, False
 
+    def start(self) -> int:
+        raise NotImplementedError
+
     def __getitem__(self, index: int):
         if not self.started:
             self.started = True
-            pid = os.fork()
-            if pid == 0:  # the helper: holds every inherited descriptor until killed
-                time.sleep(60)
-                os._exit(0)
+            pid = self.start()
             with open(self.pids, "a") as out:
                 out.write(f"{pid}\n")
         return super().__getitem__(index)
+
+
+class StartsAHelper(StartsAProcess):
+    """The process forked: it inherits the worker's pipe to the loader and outlives it."""
+
+    def start(self) -> int:
+        pid = os.fork()
+        if pid == 0:  # the helper: holds every inherited descriptor until killed
+            time.sleep(60)
+            os._exit(0)
+        return pid
 
 
 def test_a_killed_worker_whose_helper_holds_its_pipe_is_still_replaced(
@@ -812,21 +822,11 @@ def test_a_killed_worker_whose_helper_holds_its_pipe_is_still_replaced(
                 os.kill(int(pid), signal.SIGKILL)
 
 
-class StartsAProgram(Squares):
-    """A dataset that starts a program (``sleep``) in each worker process, as one starting a
-    decoder would; its pid goes to ``pids``."""
+class StartsAProgram(StartsAProcess):
+    """The process a program (``sleep``) run, as a dataset starting a decoder runs one."""
 
-    def __init__(self, length: int, pids: Path) -> None:
-        super().__init__(length)
-        self.pids, self.started = pids, False
-
-    def __getitem__(self, index: int):
-        if not self.started:
-            self.started = True
-            program = subprocess.Popen(["sleep", "60"])
-            with open(self.pids, "a") as out:
-                out.write(f"{program.pid}\n")
-        return super().__getitem__(index)
+    def start(self) -> int:
+        return subprocess.Popen(["sleep", "60"]).pid
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

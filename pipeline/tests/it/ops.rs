@@ -182,6 +182,16 @@ fn normalize_matches_torchvision() {
 }
 
 fn encode_jpeg(pixels: &[u8], width: u32, height: u32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+    encode_jpeg_with(pixels, width, height, |c| c.set_subsamp(subsamp).unwrap())
+}
+
+/// `pixels` (RGB rows) as a JPEG of quality 95, the compressor `set` as well.
+fn encode_jpeg_with(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    set: impl Fn(&mut turbojpeg::Compressor),
+) -> Vec<u8> {
     let image = turbojpeg::Image {
         pixels,
         width: width as usize,
@@ -191,7 +201,7 @@ fn encode_jpeg(pixels: &[u8], width: u32, height: u32, subsamp: turbojpeg::Subsa
     };
     let mut compressor = turbojpeg::Compressor::new().unwrap();
     compressor.set_quality(95).unwrap();
-    compressor.set_subsamp(subsamp).unwrap();
+    set(&mut compressor);
     compressor.compress_to_vec(image).unwrap()
 }
 
@@ -424,20 +434,8 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
     // The scan fields of progressive and arithmetic-coded files are left as they are when
     // their JFIF header is mended: each decodes as it does with a version 1 header (a lossless
     // frame's, which a JFIF header would make YCbCr, in `jpeg_quirks.rs`' tests).
-    let made_with = |set: &dyn Fn(&mut turbojpeg::Compressor)| {
-        let pixels = smooth_photo(w, h);
-        let image = turbojpeg::Image {
-            pixels: &pixels[..],
-            width: w as usize,
-            pitch: w as usize * 3,
-            height: h as usize,
-            format: turbojpeg::PixelFormat::RGB,
-        };
-        let mut compressor = turbojpeg::Compressor::new().unwrap();
-        compressor.set_quality(95).unwrap();
-        set(&mut compressor);
-        compressor.compress_to_vec(image).unwrap()
-    };
+    let pixels = smooth_photo(w, h);
+    let made_with = |set: &dyn Fn(&mut turbojpeg::Compressor)| encode_jpeg_with(&pixels, w, h, set);
     let progressive = made_with(&|c| c.set_progressive(true).unwrap());
     let arithmetic = made_with(&|c| c.set_arithmetic(true).unwrap());
     for (name, file) in [("progressive", &progressive), ("arithmetic", &arithmetic)] {

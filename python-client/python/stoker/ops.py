@@ -197,10 +197,10 @@ class DecodeImage(Op):
     RGBA or CMYK samples), PBM/PGM/PPM and GIF (the first frame), told apart by their bytes,
     not their names; alpha is dropped, gray replicated. Anything else is a bad sample (see
     ``Loader(on_error=...)``), also where PIL reads it: a palette, YCbCr, planar or
-    gray-with-alpha TIFF, a BigTIFF. Where PIL differs: 16-bit gray (PNG, TIFF, PGM) keeps its high byte,
-    where PIL clips it at 255 (nearly white); a PNM of a maximum other than 255, and an 8-bit
-    CMYK TIFF, may round one level apart (a 16-bit CMYK TIFF is converted by the ``image``
-    crate too, and was not compared).
+    gray-with-alpha TIFF, a BigTIFF. Where PIL differs: 16-bit gray (PNG, TIFF, PGM) keeps
+    its high byte, where PIL clips it at 255 (nearly white); a PNM of a maximum other than
+    255, and an 8-bit CMYK TIFF, may round one level apart (a 16-bit CMYK TIFF is converted
+    by the ``image`` crate too, and was not compared).
 
     Args:
         max_pixels: refuse images with more pixels than this (a decompression-bomb guard).
