@@ -37,9 +37,9 @@
 //! does a progressive JPEG of more than 500 scans, but for padding before the end-of-image
 //! marker and two header quirks Pillow reads through (a JFIF header of version 2, a sequential
 //! scan's fields as Samsung phones write them), which are decoded from a mended copy
-//! (`jpeg_quirks.rs`). A region that libjpeg refuses (its crop
-//! alignment follows the file's sampling factors, which TurboJPEG's subsampling classes do not
-//! always name) is decoded whole at the same scale.
+//! (`jpeg_quirks.rs`). A region that libjpeg refuses (its crop alignment follows the file's
+//! sampling factors, which TurboJPEG's subsampling classes do not always name) is decoded
+//! whole at the same scale.
 
 use std::cell::RefCell;
 use std::ffi::CStr;
@@ -265,8 +265,8 @@ impl JpegDecompressor {
     /// [`check`](Self::check) of a decode, which passes the warning that says nothing of the
     /// pixels ([`HARMLESS_WARNING`]): bytes padding the end of the last scan (common in scraped
     /// sets; Pillow reads such files, with the same pixels). TurboJPEG keeps the first
-    /// warning, so a file that warned of damaged data before it is still refused; the quirks
-    /// that warn before any scan data are refused here, and decoded again once mended
+    /// warning, so a file that warned of damaged data before it is still refused. The quirks'
+    /// warnings are refused here too: a file showing one is decoded from a mended copy
     /// (`jpeg_quirks.rs`).
     fn check_decoded(&self, status: i32) -> Result<(), SampleError> {
         self.check_passing(status, |warning| warning.contains(HARMLESS_WARNING))
