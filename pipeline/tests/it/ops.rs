@@ -371,7 +371,7 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
     };
     let clean_region = decode_with(&bytes, Some(window), (25, 20), true);
     // Files whose scan header holds zeros where a sequential scan has 0, 63, 0 (Samsung phones
-    // write them; libjpeg warns "Invalid SOS parameters", Pillow and tf.io read the same pixels),
+    // write them; libjpeg warns "Invalid SOS parameters", Pillow reads the same pixels),
     // or whose JFIF header is of version 2: whole, alone and together, whole and by region.
     let zeros = with_scan_fields(&bytes, [0, 0, 0]);
     let odd = with_scan_fields(&bytes, [1, 62, 0x11]);

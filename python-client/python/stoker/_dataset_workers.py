@@ -313,9 +313,8 @@ class Worker:
             # Taken for dead on its pipe (a descriptor that could not be passed to it, say)
             # while it runs: ended here, not left beside its replacement until the loader's
             # process ends (under fork it holds the parent's end of its pipe, so never reads
-            # an end of file).
-            # Reaped by is_alive() (a wait on the process, not on its sentinel, which a process
-            # the dataset forked may hold open).
+            # an end of file). Reaped by is_alive(), a wait on the process, not on its
+            # sentinel, which a process the dataset forked may hold open.
             self.process.kill()
             reaped_by = time.monotonic() + 5.0
             while self.process.is_alive() and time.monotonic() < reaped_by:

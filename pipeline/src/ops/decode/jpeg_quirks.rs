@@ -1,10 +1,11 @@
 //! Two quirks of JPEG files that libjpeg warns of though their pixels are whole: a JFIF header
 //! of a major version other than 1, and a sequential scan whose header holds other values than
 //! 0, 63 and 0 in its spectral-selection and approximation fields (Samsung phones write zeros
-//! there; libjpeg ignores the fields in a sequential scan). Pillow and tf.io decode such files;
-//! libjpeg's warning would make them bad samples. Nor can the warning be passed: TurboJPEG keeps
-//! the text of a decode's first warning only, and these come before any scan data is read, so
-//! a warning of damage after them (a scan cut short) would go unseen. A file whose header
+//! there; libjpeg ignores the fields in a sequential scan). Pillow decodes such files (the
+//! Python suite's `test_image_formats.py` compares the pixels); libjpeg's warning would make
+//! them bad samples. Nor can the warning be passed: TurboJPEG keeps the text of a decode's
+//! first warning only, and these come before any scan data is read, so a warning of damage
+//! after them (a scan cut short) would go unseen. A file whose header
 //! shows one ([`quirk_in_header`]) is decoded from a copy with the fields set to what libjpeg
 //! reads them as ([`mended`]); one whose decode warns of one past its header is decoded again
 //! from such a copy; either way the copy's own warnings count.
