@@ -108,10 +108,24 @@ def with_jfif_version_2(jpeg: bytes) -> bytes:
     return jpeg[:at] + b"\x02\x01" + jpeg[at + 2 :]
 
 
+def with_junk_between_segments(jpeg: bytes) -> bytes:
+    """The JPEG with bytes libjpeg discards (warning "extraneous bytes before marker") before
+    its first quantization table, Huffman table and scan; Pillow reads the pixels."""
+    for marker, junk in (
+        (b"\xff\xdb", b"\x00\x12"),
+        (b"\xff\xc4", b"\xff\x00\x34"),
+        (b"\xff\xda", b"\x00"),
+    ):
+        at = jpeg.index(marker)
+        jpeg = jpeg[:at] + junk + jpeg[at:]
+    return jpeg
+
+
 LOSSLESS: dict[str, Callable[[], bytes]] = {
     "jpeg 4:4:4": rgb_jpeg,
     "jpeg, scan fields zeroed (samsung)": lambda: with_scan_fields_zeroed(rgb_jpeg()),
     "jpeg, jfif 2.01": lambda: with_jfif_version_2(rgb_jpeg()),
+    "jpeg, bytes between segments": lambda: with_junk_between_segments(rgb_jpeg()),
     "cmyk jpeg (adobe marker)": cmyk_jpeg,
     "cmyk jpeg (no adobe marker)": lambda: without_adobe_marker(cmyk_jpeg()),
     "webp lossless": lambda: saved(Image.fromarray(photo()), "WEBP", lossless=True),
@@ -279,6 +293,7 @@ def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Pat
         "cmyk.jpg": cmyk_jpeg(),
         "phone.jpg": with_scan_fields_zeroed(rgb_jpeg()),
         "jfif2.jpg": with_jfif_version_2(rgb_jpeg()),
+        "junk.jpg": with_junk_between_segments(rgb_jpeg()),
         "photo.png": saved(Image.fromarray(photo()), "PNG"),
     }
     two_classes(tmp_path, {**files, **{j.name: j.read_bytes() for j in jpegs}})
@@ -299,6 +314,7 @@ def test_a_jpeg_cut_short_behind_a_header_quirk_is_a_bad_sample(tmp_path: Path) 
     for name, quirky in (
         ("phone", with_scan_fields_zeroed(whole)),
         ("jfif2", with_jfif_version_2(whole)),
+        ("junk", with_junk_between_segments(whole)),
     ):
         files[f"{name}_cut.jpg"] = quirky[: len(quirky) * 6 // 10]
     two_classes(tmp_path, files)
@@ -309,8 +325,8 @@ def test_a_jpeg_cut_short_behind_a_header_quirk_is_a_bad_sample(tmp_path: Path) 
     ):
         list(loader)
     with small_loader(tmp_path, batch_size=6, on_error="skip") as loader:
-        assert sum(batch["image"].shape[0] for batch in loader) == 6
-        assert loader.stats()["bad_samples"] == 4
+        assert sum(batch["image"].shape[0] for batch in loader) == 8
+        assert loader.stats()["bad_samples"] == 6
 
 
 def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(

@@ -314,6 +314,18 @@ fn with_scan_fields(bytes: &[u8], fields: [u8; 3]) -> Vec<u8> {
     out
 }
 
+/// `bytes` with `junk` put before the first `marker` at or after `from`.
+fn with_junk_before(bytes: &[u8], marker: u8, from: usize, junk: &[u8]) -> Vec<u8> {
+    let at = from
+        + bytes[from..]
+            .windows(2)
+            .position(|w| w == [0xFF, marker])
+            .expect("the marker");
+    let mut out = bytes.to_vec();
+    out.splice(at..at, junk.iter().copied());
+    out
+}
+
 /// `bytes` with its JFIF header's version set to `major.minor` (one put after the start of
 /// image where it has none).
 fn with_jfif_version(bytes: &[u8], major: u8, minor: u8) -> Vec<u8> {
@@ -377,11 +389,18 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
     let odd = with_scan_fields(&bytes, [1, 62, 0x11]);
     let revised = with_jfif_version(&bytes, 2, 1);
     let both = with_jfif_version(&zeros, 2, 1);
+    // Bytes between segments that libjpeg discards ("extraneous bytes before marker"), among
+    // them stuffed pairs, before the tables and before the scan.
+    let junk = with_junk_before(&bytes, 0xDB, 2, &[0x00, 0x12, 0xFF, 0x00, 0x34]);
+    let junk = with_junk_before(&junk, 0xDA, 2, &[0x00]);
+    let junk_and_zeros = with_junk_before(&zeros, 0xC4, 2, &[0x56]);
     for (name, quirky) in [
         ("zeros", &zeros),
         ("odd", &odd),
         ("jfif", &revised),
         ("both", &both),
+        ("junk", &junk),
+        ("junk and zeros", &junk_and_zeros),
     ] {
         assert_decoded_as(try_decode(quirky, None, (w, h), false), &clean, name);
         let region = try_decode(quirky, Some(window), (25, 20), true);
@@ -431,9 +450,21 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
         matches!(refused, Err(SampleError::Corrupt(_))),
         "a damaged scan decoded"
     );
+    // A table segment whose marker was damaged (its 0xFF, or its code made 0x00) is discarded
+    // bytes to libjpeg too, which decodes without the table: refused, not mended.
+    let table = bytes.windows(2).position(|w| w == [0xFF, 0xC4]).unwrap();
+    for damage in [[0x00, 0xC4], [0xFF, 0x00]] {
+        let mut damaged = bytes.clone();
+        damaged[table..table + 2].copy_from_slice(&damage);
+        let refused = try_decode(&damaged, None, (w, h), false);
+        assert!(
+            matches!(refused, Err(SampleError::Corrupt(_))),
+            "a table's marker damaged: {damage:x?}"
+        );
+    }
     // The scan fields of progressive and arithmetic-coded files are left as they are when
     // their JFIF header is mended: each decodes as it does with a version 1 header (a lossless
-    // frame's, which a JFIF header would make YCbCr, in `jpeg_quirks.rs`' tests).
+    // frame's, which a JFIF header would make YCbCr, in `jpeg_markers.rs`' tests).
     let pixels = smooth_photo(w, h);
     let made_with = |set: &dyn Fn(&mut turbojpeg::Compressor)| encode_jpeg_with(&pixels, w, h, set);
     let progressive = made_with(&|c| c.set_progressive(true).unwrap());
@@ -443,6 +474,20 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
         let revised = with_jfif_version(file, 2, 1);
         assert_decoded_as(try_decode(&revised, None, (w, h), false), &as_made, name);
     }
+    // Bytes discarded before a later scan of a progressive file (after the tables that
+    // follow a scan's data): the decode's warning finds them, and the file is decoded again
+    // from a copy without them.
+    let as_made = decode_with(&progressive, None, (w, h), false);
+    let last_table = progressive
+        .windows(2)
+        .rposition(|w| w == [0xFF, 0xC4])
+        .unwrap();
+    let later = with_junk_before(&progressive, 0xDA, last_table, &[0x00, 0x12]);
+    assert_decoded_as(
+        try_decode(&later, None, (w, h), false),
+        &as_made,
+        "progressive, junk before a later scan",
+    );
     // An arithmetic-coded sequential scan's zeros are mended as a Huffman-coded one's.
     let as_made = decode_with(&arithmetic, None, (w, h), false);
     let zeros = with_scan_fields(&arithmetic, [0, 0, 0]);

@@ -17,46 +17,6 @@ pub(super) fn png_header(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
     Ok((info.width, info.height))
 }
 
-/// A JPEG's frame size from a walk of its markers: 0xFF fill bytes before a marker (which the
-/// standard allows, and some encoders write) are skipped, as libjpeg skips them.
-pub(super) fn jpeg_size(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
-    let corrupt = |what: &str| SampleError::Corrupt(format!("jpeg header: {what}"));
-    let byte = |at: usize| {
-        bytes
-            .get(at)
-            .copied()
-            .ok_or_else(|| corrupt("ends before a frame"))
-    };
-    let mut at = 2; // past SOI
-    loop {
-        if byte(at)? != 0xFF {
-            return Err(corrupt("a marker expected"));
-        }
-        while byte(at)? == 0xFF {
-            at += 1;
-        }
-        let marker = byte(at)?;
-        at += 1;
-        match marker {
-            // Markers without a segment: restart markers and TEM.
-            0xD0..=0xD7 | 0x01 => continue,
-            0xD9 | 0xDA => return Err(corrupt("no frame before the scan")),
-            _ => {}
-        }
-        let length = usize::from(u16::from_be_bytes([byte(at)?, byte(at + 1)?]));
-        if length < 2 {
-            return Err(corrupt("a segment shorter than its length field"));
-        }
-        // SOF0-SOF15 but DHT (C4), JPG (C8) and DAC (CC): precision, height, width.
-        if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-            let height = u16::from_be_bytes([byte(at + 3)?, byte(at + 4)?]);
-            let width = u16::from_be_bytes([byte(at + 5)?, byte(at + 6)?]);
-            return Ok((u32::from(width), u32::from(height)));
-        }
-        at += length;
-    }
-}
-
 /// A BMP's size from its DIB header: a Windows header's signed height (negative for rows
 /// stored top down), or an OS/2 core header's 16-bit fields.
 pub(super) fn bmp_size(bytes: &[u8]) -> Result<(u32, u32), SampleError> {

@@ -35,9 +35,9 @@
 //! to `turbojpeg::raw` through a small owned handle. Every call checks its return code; errors
 //! and warnings (a truncated file is a warning to libjpeg) become [`SampleError::Corrupt`], as
 //! does a progressive JPEG of more than 500 scans, but for padding before the end-of-image
-//! marker and two header quirks Pillow reads through (a JFIF header of version 2, a sequential
-//! scan's fields as Samsung phones write them), which are decoded from a mended copy
-//! (`jpeg_quirks.rs`). A region that libjpeg refuses (its crop alignment follows the file's
+//! marker and three quirks Pillow reads through (a JFIF header of version 2, a sequential
+//! scan's fields as Samsung phones write them, bytes between two segments that libjpeg
+//! discards), which are decoded from a mended copy (`jpeg_markers.rs`). A region that libjpeg refuses (its crop alignment follows the file's
 //! sampling factors, which TurboJPEG's subsampling classes do not always name) is decoded
 //! whole at the same scale.
 
@@ -49,11 +49,12 @@ use stoker_datasets::{sniff_format, ImageFormat};
 use turbojpeg::raw;
 
 mod formats;
-mod jpeg_quirks;
+mod jpeg_markers;
 
 use super::geometry::CropWindow;
 use crate::error::SampleError;
-use formats::{bmp_size, decode_png, decode_with_image_crate, jpeg_size, png_header};
+use formats::{bmp_size, decode_png, decode_with_image_crate, png_header};
+use jpeg_markers::jpeg_size;
 
 /// A libjpeg warning that says nothing of the pixels: bytes between the last scan's data and the
 /// end-of-image marker, given once the whole image was decoded (see
@@ -267,7 +268,7 @@ impl JpegDecompressor {
     /// sets; Pillow reads such files, with the same pixels). TurboJPEG keeps the first
     /// warning, so a file that warned of damaged data before it is still refused. The quirks'
     /// warnings are refused here too: a file showing one is decoded from a mended copy
-    /// (`jpeg_quirks.rs`).
+    /// (`jpeg_markers.rs`).
     fn check_decoded(&self, status: i32) -> Result<(), SampleError> {
         self.check_passing(status, |warning| warning.contains(HARMLESS_WARNING))
     }
@@ -276,7 +277,7 @@ impl JpegDecompressor {
     /// pass as well, the decode mends them.
     fn check_header(&self, status: i32) -> Result<(), SampleError> {
         self.check_passing(status, |warning| {
-            warning.contains(HARMLESS_WARNING) || jpeg_quirks::is_quirk(warning)
+            warning.contains(HARMLESS_WARNING) || jpeg_markers::is_quirk(warning)
         })
     }
 
@@ -318,18 +319,19 @@ impl JpegDecompressor {
         request: &DecodeRequest,
         out: &mut DecodedImage,
     ) -> Result<(), SampleError> {
-        // A quirk libjpeg warns of though the pixels are whole (`jpeg_quirks.rs`): mended
+        // A quirk libjpeg warns of though the pixels are whole (`jpeg_markers.rs`): mended
         // before the decode where the header shows it, the copy's own warnings counting.
-        if jpeg_quirks::quirk_in_header(bytes) {
-            if let Some(copy) = jpeg_quirks::mended(bytes) {
+        if jpeg_markers::quirk_in_header(bytes) {
+            if let Some(copy) = jpeg_markers::mended(bytes) {
                 return self.decode_either(&copy, header, request, out);
             }
         }
         match self.decode_either(bytes, header, request, out) {
-            // One past the header (a later scan's, a JFIF header after the scan): the file
-            // is decoded again from a copy without it.
-            Err(SampleError::Corrupt(warning)) if jpeg_quirks::is_quirk(&warning) => {
-                match jpeg_quirks::mended(bytes) {
+            // One past the header (a later scan's fields, bytes discarded before a later
+            // segment, a JFIF header after the scan): the file is decoded again from a copy
+            // without it.
+            Err(SampleError::Corrupt(warning)) if jpeg_markers::is_quirk(&warning) => {
+                match jpeg_markers::mended(bytes) {
                     Some(copy) => self.decode_either(&copy, header, request, out),
                     None => Err(SampleError::Corrupt(warning)),
                 }
@@ -347,7 +349,7 @@ impl JpegDecompressor {
         out: &mut DecodedImage,
     ) -> Result<(), SampleError> {
         match self.decode_at(bytes, header, request, out, false) {
-            Err(SampleError::Corrupt(warning)) if jpeg_quirks::is_quirk(&warning) => {
+            Err(SampleError::Corrupt(warning)) if jpeg_markers::is_quirk(&warning) => {
                 Err(SampleError::Corrupt(warning))
             }
             // libjpeg starts a region on an iMCU of the largest sampling factors, which
