@@ -109,11 +109,11 @@ def with_jfif_version_2(jpeg: bytes) -> bytes:
 
 
 def with_junk_between_segments(jpeg: bytes) -> bytes:
-    """The JPEG with bytes libjpeg discards (warning "extraneous bytes before marker") before
-    its first quantization table, Huffman table and scan; Pillow reads the pixels."""
+    """The JPEG with bytes libjpeg discards (warning "extraneous bytes before marker"): any
+    after its JFIF header, zeros after its tables; Pillow reads the pixels."""
     for marker, junk in (
-        (b"\xff\xdb", b"\x00\x12"),
-        (b"\xff\xc4", b"\xff\x00\x34"),
+        (b"\xff\xdb", b"\x00\x12\xff\x00\x34"),
+        (b"\xff\xc4", b"\x00\x00"),
         (b"\xff\xda", b"\x00"),
     ):
         at = jpeg.index(marker)

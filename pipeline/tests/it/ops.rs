@@ -389,11 +389,12 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
     let odd = with_scan_fields(&bytes, [1, 62, 0x11]);
     let revised = with_jfif_version(&bytes, 2, 1);
     let both = with_jfif_version(&zeros, 2, 1);
-    // Bytes between segments that libjpeg discards ("extraneous bytes before marker"), among
-    // them stuffed pairs, before the tables and before the scan.
+    // Bytes between segments that libjpeg discards ("extraneous bytes before marker"): any
+    // (stuffed pairs among them) after the JFIF header, before the tables; zeros after the
+    // tables, before the scan.
     let junk = with_junk_before(&bytes, 0xDB, 2, &[0x00, 0x12, 0xFF, 0x00, 0x34]);
     let junk = with_junk_before(&junk, 0xDA, 2, &[0x00]);
-    let junk_and_zeros = with_junk_before(&zeros, 0xC4, 2, &[0x56]);
+    let junk_and_zeros = with_junk_before(&zeros, 0xC4, 2, &[0x00, 0x00]);
     for (name, quirky) in [
         ("zeros", &zeros),
         ("odd", &odd),
@@ -450,16 +451,49 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
         matches!(refused, Err(SampleError::Corrupt(_))),
         "a damaged scan decoded"
     );
-    // A table segment whose marker was damaged (its 0xFF, or its code made 0x00) is discarded
-    // bytes to libjpeg too, which decodes without the table: refused, not mended.
-    let table = bytes.windows(2).position(|w| w == [0xFF, 0xC4]).unwrap();
-    for damage in [[0x00, 0xC4], [0xFF, 0x00]] {
-        let mut damaged = bytes.clone();
-        damaged[table..table + 2].copy_from_slice(&damage);
-        let refused = try_decode(&damaged, None, (w, h), false);
+    // Damage whose one sign is bytes libjpeg discards stays refused, not mended: a table
+    // segment's marker damaged (its 0xFF, or its code made 0x00; libjpeg decodes without the
+    // table), two of them in a row, a byte put into or lost from a quantization table (the
+    // table read shifted by one).
+    let marker_at = |file: &[u8], marker: u8, nth: usize| {
+        file.windows(2)
+            .enumerate()
+            .filter(|(_, pair)| *pair == [0xFF, marker])
+            .nth(nth)
+            .expect("the marker")
+            .0
+    };
+    let damaged_at = |file: &[u8], at: usize, damage: [u8; 2]| {
+        let mut damaged = file.to_vec();
+        damaged[at..at + 2].copy_from_slice(&damage);
+        damaged
+    };
+    let first_table = marker_at(&bytes, 0xC4, 0);
+    let second_table = marker_at(&bytes, 0xC4, 1);
+    let quantization = marker_at(&bytes, 0xDB, 0);
+    let mut inserted = bytes.clone();
+    inserted.insert(quantization + 20, 7);
+    let mut lost = bytes.clone();
+    lost.remove(quantization + 20);
+    let damaged = [
+        ("table, 0xFF", damaged_at(&bytes, first_table, [0x00, 0xC4])),
+        ("table, code", damaged_at(&bytes, first_table, [0xFF, 0x00])),
+        (
+            "two tables",
+            damaged_at(
+                &damaged_at(&bytes, first_table, [0x00, 0xC4]),
+                second_table,
+                [0x00, 0xC4],
+            ),
+        ),
+        ("a byte put into a table", inserted),
+        ("a byte lost from a table", lost),
+    ];
+    for (name, file) in &damaged {
+        let refused = try_decode(file, None, (w, h), false);
         assert!(
             matches!(refused, Err(SampleError::Corrupt(_))),
-            "a table's marker damaged: {damage:x?}"
+            "{name}: decoded"
         );
     }
     // The scan fields of progressive and arithmetic-coded files are left as they are when
@@ -474,20 +508,37 @@ fn jpeg_quirks_libjpeg_warns_of_decode_whole_and_hide_no_damage() {
         let revised = with_jfif_version(file, 2, 1);
         assert_decoded_as(try_decode(&revised, None, (w, h), false), &as_made, name);
     }
-    // Bytes discarded before a later scan of a progressive file (after the tables that
-    // follow a scan's data): the decode's warning finds them, and the file is decoded again
-    // from a copy without them.
+    // Zeros discarded before a later scan of a progressive file (after the tables that follow
+    // a scan's data): the decode's warning finds them, and the file is decoded again from a
+    // copy without them.
     let as_made = decode_with(&progressive, None, (w, h), false);
     let last_table = progressive
         .windows(2)
         .rposition(|w| w == [0xFF, 0xC4])
         .unwrap();
-    let later = with_junk_before(&progressive, 0xDA, last_table, &[0x00, 0x12]);
+    let later = with_junk_before(&progressive, 0xDA, last_table, &[0x00, 0x00]);
     assert_decoded_as(
         try_decode(&later, None, (w, h), false),
         &as_made,
         "progressive, junk before a later scan",
     );
+    // A later scan's marker damaged (not the last's: bytes before the end-of-image marker are
+    // passed) leaves that scan out of libjpeg's decode: refused.
+    let scans = progressive
+        .windows(2)
+        .filter(|pair| *pair == [0xFF, 0xDA])
+        .count();
+    assert!(scans > 3, "{scans} scans");
+    for nth in 1..scans - 1 {
+        let at = marker_at(&progressive, 0xDA, nth);
+        for damage in [[0x00, 0xDA], [0xFF, 0x00]] {
+            let refused = try_decode(&damaged_at(&progressive, at, damage), None, (w, h), false);
+            assert!(
+                matches!(refused, Err(SampleError::Corrupt(_))),
+                "scan {nth} damaged {damage:x?}: decoded"
+            );
+        }
+    }
     // An arithmetic-coded sequential scan's zeros are mended as a Huffman-coded one's.
     let as_made = decode_with(&arithmetic, None, (w, h), false);
     let zeros = with_scan_fields(&arithmetic, [0, 0, 0]);

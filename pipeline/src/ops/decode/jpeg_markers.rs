@@ -6,9 +6,11 @@
 //! - a sequential scan whose header holds other values than 0, 63 and 0 in its
 //!   spectral-selection and approximation fields (Samsung phones write zeros there; libjpeg
 //!   ignores the fields in a sequential scan);
-//! - bytes between two segments that are neither fill nor a marker (libjpeg discards them:
-//!   "extraneous bytes before marker"), but for a run shaped as a segment whose marker was
-//!   damaged ([`a_damaged_segment`]), which stays a bad sample.
+//! - bytes between two segments of the header that are neither fill nor a marker (libjpeg
+//!   discards them: "extraneous bytes before marker"), where they cannot be the sign of damage
+//!   ([`may_be_left_out`]): after a segment of metadata, bytes that do not start as a segment
+//!   does; after one that tells libjpeg how to decode (tables, frame, restart interval, Adobe
+//!   colour transform), padding alone (zeros). Other runs stay, and the file is a bad sample.
 //!
 //! Their warnings would make such files bad samples. Nor can a warning be passed: TurboJPEG
 //! keeps the text of a decode's first warning only, and these come before the scan data they
@@ -16,9 +18,9 @@
 //! file whose header shows one ([`quirk_in_header`]) is decoded from a copy read as libjpeg
 //! reads the original: the fields set to what libjpeg takes them for, the discarded bytes
 //! left out ([`mended`]); one whose decode warns of one past its header is decoded again from
-//! such a copy; either way the copy's own warnings count. Bytes between the last scan's data
-//! and the end-of-image marker are no segment's: the walk takes them for scan data (the
-//! decoder passes libjpeg's warning of them, `mod.rs`).
+//! such a copy; either way the copy's own warnings count. Bytes after a scan's data are no
+//! segment's: the walk takes them for scan data, and they stay (the decoder passes libjpeg's
+//! warning of those before the end-of-image marker, `mod.rs`).
 
 use std::ops::Range;
 
@@ -257,10 +259,13 @@ pub(super) fn quirk_in_header(bytes: &[u8]) -> bool {
 /// found before (a decode of the copy then refuses the damage).
 fn walk(bytes: &[u8], header_only: bool, mut change: impl FnMut(Change)) {
     let mut sequential = false;
+    // The marker of the segment before each run of discarded bytes (the start of image first).
+    let mut before = 0xD8;
     for segment in Markers::new(bytes) {
-        if !segment.junk.is_empty() && !a_damaged_segment(&bytes[segment.junk.clone()]) {
+        if may_be_left_out(before, &bytes[segment.junk.clone()]) {
             change(Change::Drop(segment.junk.clone()));
         }
+        before = segment.marker;
         let data = segment.data;
         match segment.marker {
             // libjpeg reads an APP0 as JFIF from 14 bytes on.
@@ -291,16 +296,27 @@ fn walk(bytes: &[u8], header_only: bool, mut change: impl FnMut(Change)) {
     }
 }
 
-/// Whether bytes libjpeg discards are shaped as a segment whose marker was damaged (its 0xFF,
-/// or its code made 0x00): a byte, a marker code and a length field spanning them to the next
-/// marker exactly. Those are not left out of a copy: the segment may hold a table the image
-/// needs (missing Huffman tables, libjpeg-turbo decodes with its default ones), so the
-/// decode's warning of them stands, and the file is a bad sample.
-fn a_damaged_segment(junk: &[u8]) -> bool {
-    match junk {
-        [_, _, high, low, ..] => usize::from(u16::from_be_bytes([*high, *low])) + 2 == junk.len(),
-        _ => false,
-    }
+/// Whether a run of bytes libjpeg discards, after a segment of marker `before`, may be left
+/// out of the copy: only where it cannot be the one sign of damage that changes the pixels.
+///
+/// A run that starts as a segment does (a marker code at its first or second byte, or a
+/// stuffed pair, then a length field) may be segments whose marker was damaged: a table the
+/// image needs (missing Huffman tables, libjpeg-turbo decodes with its default ones), or a
+/// later scan of a progressive file. It stays. So does a run other than zeros after a segment
+/// libjpeg decodes by (tables, frame, restart interval, Adobe's colour transform): a byte
+/// inserted into or lost from such a segment leaves one behind, the table read shifted. After
+/// metadata (APPn but Adobe's, comments) a run is that segment's tail, or bytes put between
+/// segments: the pixels are libjpeg's either way.
+fn may_be_left_out(before: u8, run: &[u8]) -> bool {
+    let code = |byte: &u8| (0xC0..=0xFE).contains(byte);
+    let length = |at: usize| {
+        run.get(at..at + 2)
+            .is_some_and(|field| u16::from_be_bytes([field[0], field[1]]) >= 2)
+    };
+    let starts_as_a_segment = (run.first().is_some_and(code) && length(1))
+        || ((run.get(1).is_some_and(code) || run.starts_with(&[0xFF, 0x00])) && length(2));
+    let decoded_by = matches!(before, 0xC0..=0xCF | 0xDB | 0xDD | 0xDE | 0xDF | 0xEE);
+    !run.is_empty() && !starts_as_a_segment && (!decoded_by || run.iter().all(|&b| b == 0))
 }
 
 #[cfg(test)]
@@ -434,21 +450,22 @@ mod tests {
         let good = skeleton(1, 0xC0, [0, 63, 0]);
         let frame = good.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
         let scan = good.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
-        // Bytes other than 0xFF, and stuffed pairs (0xFF 0x00), before a marker.
-        for junk in [
-            &[0x00][..],
-            &[0x12, 0x34, 0x56],
-            &[0x12, 0xFF, 0x00, 0x56, 0xFF, 0x00],
+        // Bytes other than 0xFF, and stuffed pairs (0xFF 0x00), after the JFIF header (before
+        // the frame); zeros after the frame (before the scan).
+        for (at, junk) in [
+            (frame, &[0x00][..]),
+            (frame, &[0x12, 0x34, 0x56]),
+            (frame, &[0x12, 0xFF, 0x00, 0x56, 0xFF, 0x00]),
+            (scan, &[0x00]),
+            (scan, &[0x00, 0x00, 0x00]),
         ] {
-            for at in [frame, scan] {
-                let quirky = with_junk(&good, at, junk);
-                assert!(quirk_in_header(&quirky), "{junk:?} at {at}");
-                assert_eq!(mended(&quirky), Some(good.clone()), "{junk:?} at {at}");
-                assert_eq!(jpeg_size(&quirky).ok(), Some((16, 16)), "{junk:?} at {at}");
-            }
+            let quirky = with_junk(&good, at, junk);
+            assert!(quirk_in_header(&quirky), "{junk:?} at {at}");
+            assert_eq!(mended(&quirky), Some(good.clone()), "{junk:?} at {at}");
+            assert_eq!(jpeg_size(&quirky).ok(), Some((16, 16)), "{junk:?} at {at}");
         }
         // With a quirk beside it, both mended.
-        let both = with_junk(&skeleton(2, 0xC0, [0, 0, 0]), scan, &[0x00, 0x01]);
+        let both = with_junk(&skeleton(2, 0xC0, [0, 0, 0]), scan, &[0x00, 0x00]);
         assert_eq!(mended(&both), Some(good.clone()));
         // Fill before a marker is no junk; bytes after a scan's data are the scan's.
         assert_eq!(mended(&with_junk(&good, frame, &[0xFF, 0xFF])), None);
@@ -469,17 +486,46 @@ mod tests {
     }
 
     #[test]
-    fn a_discarded_run_shaped_as_a_damaged_segment_stays() {
-        assert!(a_damaged_segment(&[0x00, 0xC4, 0, 5, 1, 2, 3]));
-        assert!(a_damaged_segment(&[0xFF, 0x00, 0, 2]));
-        assert!(!a_damaged_segment(&[0x00, 0xC4, 0, 6, 1, 2, 3]));
-        assert!(!a_damaged_segment(&[0x00, 0x12, 0x34]));
-        // A table segment whose 0xFF was damaged, before the frame.
+    fn a_discarded_run_that_may_be_the_sign_of_damage_stays() {
+        const APP1: u8 = 0xE1;
+        // After metadata: a run that starts as a segment does, whose 0xFF, code, or both were
+        // damaged, or a segment's code left behind by a segment that read a byte too many.
+        for run in [
+            &[0x00, 0xC4, 0, 5, 1, 2, 3][..],
+            &[0xFF, 0x00, 0, 2],
+            &[0x00, 0xDA, 0, 12, 1, 2],
+            &[0xC4, 0, 0x1F, 0, 1],
+        ] {
+            assert!(!may_be_left_out(APP1, run), "{run:x?}");
+        }
+        for run in [
+            &[0x00][..],
+            &[0x00, 0x12, 0x34],
+            &[0x00, 0xC4, 0, 1],
+            &[0x12, 0xFF, 0x00, 0x56],
+        ] {
+            assert!(may_be_left_out(APP1, run), "{run:x?}");
+        }
+        // After a table, the frame, a restart interval or Adobe's marker: zeros alone.
+        for before in [0xDB, 0xC4, 0xC0, 0xC2, 0xCC, 0xDD, 0xEE] {
+            assert!(may_be_left_out(before, &[0, 0, 0]), "{before:x}");
+            assert!(!may_be_left_out(before, &[0x12]), "{before:x}");
+            assert!(!may_be_left_out(before, &[0, 0xFF, 0]), "{before:x}");
+        }
+        assert!(!may_be_left_out(APP1, &[]));
+        // A table segment whose 0xFF was damaged, before the frame, stays in the copy.
         let good = skeleton(1, 0xC0, [0, 63, 0]);
         let frame = good.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
         let damaged = with_junk(&good, frame, &[0x00, 0xC4, 0, 4, 0x10, 0x20]);
         assert!(!quirk_in_header(&damaged));
         assert_eq!(mended(&damaged), None);
+        // Bytes after the frame that are not zeros stay; zeros go.
+        let scan = good.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+        assert_eq!(mended(&with_junk(&good, scan, &[0x00, 0x01])), None);
+        assert_eq!(
+            mended(&with_junk(&good, scan, &[0x00, 0x00])),
+            Some(good.clone())
+        );
     }
 
     #[test]

@@ -36,8 +36,9 @@
 //! and warnings (a truncated file is a warning to libjpeg) become [`SampleError::Corrupt`], as
 //! does a progressive JPEG of more than 500 scans, but for padding before the end-of-image
 //! marker and three quirks Pillow reads through (a JFIF header of version 2, a sequential
-//! scan's fields as Samsung phones write them, bytes between two segments that libjpeg
-//! discards), which are decoded from a mended copy (`jpeg_markers.rs`). A region that libjpeg refuses (its crop alignment follows the file's
+//! scan's fields as Samsung phones write them, bytes between two header segments that libjpeg
+//! discards, where they cannot be the sign of damage), which are decoded from a mended copy
+//! (`jpeg_markers.rs`). A region that libjpeg refuses (its crop alignment follows the file's
 //! sampling factors, which TurboJPEG's subsampling classes do not always name) is decoded
 //! whole at the same scale.
 
@@ -274,7 +275,7 @@ impl JpegDecompressor {
     }
 
     /// [`check`](Self::check) of a header read, which reads no pixels: the quirks' warnings
-    /// pass as well, the decode mends them.
+    /// pass as well, for the decode to mend them or refuse them.
     fn check_header(&self, status: i32) -> Result<(), SampleError> {
         self.check_passing(status, |warning| {
             warning.contains(HARMLESS_WARNING) || jpeg_markers::is_quirk(warning)
@@ -327,9 +328,9 @@ impl JpegDecompressor {
             }
         }
         match self.decode_either(bytes, header, request, out) {
-            // One past the header (a later scan's fields, bytes discarded before a later
-            // segment, a JFIF header after the scan): the file is decoded again from a copy
-            // without it.
+            // One past the header (a later scan's fields, bytes discarded between the
+            // segments after a scan, a JFIF header after the scan): the file is decoded again
+            // from a copy without it, where the walk mends it.
             Err(SampleError::Corrupt(warning)) if jpeg_markers::is_quirk(&warning) => {
                 match jpeg_markers::mended(bytes) {
                     Some(copy) => self.decode_either(&copy, header, request, out),
