@@ -199,6 +199,61 @@ def test_lossy_webp_bound_holds_over_sizes_qualities_and_methods() -> None:
         assert worst <= LOSSY_WEBP_MAX_LEVELS, (width, height, quality, method, image.mode)
 
 
+def gif_frame_on_screen(
+    screen: tuple[int, int],
+    frame: tuple[int, int, int, int],
+    global_palette: bytes = b"",
+    local_palette: bytes = b"",
+    transparent: int | None = None,
+    interlaced: bool = False,
+) -> bytes:
+    """A GIF whose one frame (left, top, width, height) of a few indices lies on a logical
+    screen of ``screen`` (width, height); palettes of 4 colours. Pillow writes no such file."""
+    left, top, width, height = frame
+    flags = 0x81 if global_palette else 0
+    out = b"GIF89a" + struct.pack("<HHBBB", *screen, flags, 0, 0) + global_palette
+    if transparent is not None:
+        out += b"\x21\xf9\x04\x01\x00\x00" + bytes([transparent]) + b"\x00"
+    local_flags = (0x81 if local_palette else 0) | (0x40 if interlaced else 0)
+    out += b"\x2c" + struct.pack("<HHHHB", left, top, width, height, local_flags) + local_palette
+    # LZW of 3-bit codes: a clear code before each index keeps the code size from growing.
+    codes = [code for i in range(width * height) for code in (4, (i * 7 // 3) % 4)] + [5]
+    packed = sum(code << (3 * n) for n, code in enumerate(codes))
+    data = packed.to_bytes((3 * len(codes) + 7) // 8, "little")
+    blocks = b"".join(
+        bytes([len(data[i : i + 255])]) + data[i : i + 255] for i in range(0, len(data), 255)
+    )
+    return out + b"\x02" + blocks + b"\x00\x3b"
+
+
+GIF_PALETTE = bytes([255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30])
+GIF_LOCAL_PALETTE = bytes([1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13])
+
+GIF_FRAMES: dict[str, Callable[[], bytes]] = {
+    "smaller than the screen": lambda: gif_frame_on_screen((9, 7), (2, 1, 5, 4), GIF_PALETTE),
+    "with a transparent index": lambda: gif_frame_on_screen(
+        (9, 7), (2, 1, 5, 4), GIF_PALETTE, transparent=3
+    ),
+    "with a local palette": lambda: gif_frame_on_screen(
+        (9, 7), (0, 3, 9, 2), GIF_PALETTE, GIF_LOCAL_PALETTE, transparent=2
+    ),
+    "a local palette alone": lambda: gif_frame_on_screen(
+        (9, 7), (1, 1, 3, 3), b"", GIF_LOCAL_PALETTE
+    ),
+    "interlaced": lambda: gif_frame_on_screen((9, 12), (1, 2, 6, 9), GIF_PALETTE, interlaced=True),
+    "past the screen": lambda: gif_frame_on_screen((6, 5), (3, 2, 5, 4), GIF_PALETTE),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GIF_FRAMES))
+def test_a_gifs_first_frame_lies_on_the_canvas_pillow_gives(name: str) -> None:
+    data = GIF_FRAMES[name]()
+    theirs = pillow_rgb(data)
+    height, width = theirs.shape[:2]
+    ours = stoker_rgb(data, (width, height))
+    np.testing.assert_array_equal(ours, theirs)
+
+
 @pytest.mark.parametrize("format", ["PPM", "TIFF", "PNG"])
 def test_sixteen_bit_gray_keeps_the_high_byte_where_pillow_clips(format: str) -> None:
     values = (np.arange(WIDTH * HEIGHT, dtype=np.uint32) * 517 % 65536).astype(np.uint16)

@@ -484,3 +484,121 @@ fn cmyk_and_ycck_jpegs_decode_as_pillow_converts_them() {
         );
     }
 }
+
+/// A GIF of one frame of `indices` (`size` wide and high) at `place` (left, top) on a logical
+/// screen of `screen`, with `global` and `local` palettes and a transparent index.
+fn gif_frame(
+    screen: (u16, u16),
+    place: (u16, u16),
+    size: (u16, u16),
+    indices: &[u8],
+    global: &[u8],
+    local: Option<&[u8]>,
+    transparent: Option<u8>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut encoder = gif::Encoder::new(&mut out, screen.0, screen.1, global).unwrap();
+    let frame = gif::Frame {
+        left: place.0,
+        top: place.1,
+        width: size.0,
+        height: size.1,
+        buffer: indices.into(),
+        palette: local.map(<[u8]>::to_vec),
+        transparent,
+        ..gif::Frame::default()
+    };
+    encoder.write_frame(&frame).unwrap();
+    drop(encoder);
+    out
+}
+
+/// A GIF's first frame as Pillow composes it (measured with Pillow 13.0; the Python suite's
+/// `test_image_formats.py` compares Stoker with Pillow itself): the canvas its frame leaves
+/// uncovered holds the colour of the transparent index, else of index 0 (not the background
+/// colour, not black), from the frame's palette; a frame reaching past the logical screen
+/// grows the image.
+#[test]
+fn a_gif_frame_smaller_than_its_screen_lies_on_pillows_canvas() {
+    const RED: [u8; 3] = [255, 0, 0];
+    const GREEN: [u8; 3] = [0, 255, 0];
+    const BLUE: [u8; 3] = [0, 0, 255];
+    const DUSK: [u8; 3] = [10, 20, 30];
+    let global: Vec<u8> = [RED, GREEN, BLUE, DUSK].concat();
+    let local: Vec<u8> = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [11, 12, 13]].concat();
+    let ones = [1u8; 12];
+    // Each: the file, its size, the colour of the canvas outside the frame, the frame's.
+    let cases = [
+        (
+            "no transparency",
+            gif_frame((8, 6), (2, 1), (4, 3), &ones, &global, None, None),
+            (8, 6),
+            RED,
+            GREEN,
+        ),
+        (
+            "transparent index 3",
+            gif_frame((8, 6), (2, 1), (4, 3), &ones, &global, None, Some(3)),
+            (8, 6),
+            DUSK,
+            GREEN,
+        ),
+        (
+            "local palette, transparent index 2",
+            gif_frame(
+                (8, 6),
+                (2, 1),
+                (4, 3),
+                &ones,
+                &global,
+                Some(&local),
+                Some(2),
+            ),
+            (8, 6),
+            [7, 8, 9],
+            [4, 5, 6],
+        ),
+        (
+            "past the screen",
+            gif_frame((4, 3), (2, 1), (4, 3), &ones, &global, None, None),
+            (6, 4),
+            RED,
+            GREEN,
+        ),
+    ];
+    for (name, file, (width, height), canvas, colour) in cases {
+        let header = read_header(&file, DEFAULT_MAX_PIXELS).unwrap();
+        assert_eq!((header.width, header.height), (width, height), "{name}");
+        let decoded = try_decode(&file, &request(None, (width, height), false)).unwrap();
+        for y in 0..height {
+            for x in 0..width {
+                let inside = (2..6).contains(&x) && (1..4).contains(&y);
+                let at = (y * width + x) as usize * 3;
+                let expected = if inside { colour } else { canvas };
+                assert_eq!(decoded.pixels[at..at + 3], expected, "{name} at {x},{y}");
+            }
+        }
+    }
+    // An index past the palette is black.
+    let file = gif_frame(
+        (2, 1),
+        (0, 0),
+        (2, 1),
+        &[1, 9],
+        &[RED, GREEN].concat(),
+        None,
+        None,
+    );
+    let decoded = try_decode(&file, &request(None, (2, 1), false)).unwrap();
+    assert_eq!(decoded.pixels, [GREEN, [0, 0, 0]].concat());
+    // The grown canvas counts against the pixel limit.
+    let grown = gif_frame((4, 3), (2, 1), (4, 3), &ones, &global, None, None);
+    assert!(matches!(
+        read_header(&grown, 6 * 4 - 1),
+        Err(SampleError::TooManyPixels {
+            width: 6,
+            height: 4,
+            ..
+        })
+    ));
+}

@@ -1,6 +1,7 @@
 //! The formats beside JPEG: PNG through the `png` crate (its palette checked before any pixel),
-//! and WebP, BMP, TIFF, PBM/PGM/PPM and GIF through the `image` crate with limits from the
-//! header, each to packed RGB8 as `convert("RGB")` gives it.
+//! GIF's first frame through the `gif` crate as Pillow composes it, and WebP, BMP, TIFF and
+//! PBM/PGM/PPM through the `image` crate with limits from the header, each to packed RGB8 as
+//! `convert("RGB")` gives it.
 
 use std::io::Cursor;
 
@@ -113,10 +114,109 @@ pub(super) fn decode_png(
     Ok(())
 }
 
+fn gif_error(error: gif::DecodingError) -> SampleError {
+    SampleError::Corrupt(format!("gif: {error}"))
+}
+
+/// A GIF read to its first frame's descriptor, no pixel decoded.
+struct GifStart<'a> {
+    decoder: gif::Decoder<Cursor<&'a [u8]>>,
+    /// The first frame's left, top, width and height.
+    frame: (u32, u32, u32, u32),
+    /// The image's size as Pillow gives it: the logical screen, grown to hold the first frame
+    /// where that frame reaches past it.
+    canvas: (u32, u32),
+}
+
+fn gif_start(bytes: &[u8]) -> Result<GifStart<'_>, SampleError> {
+    let mut options = gif::DecodeOptions::new();
+    options.set_color_output(gif::ColorOutput::Indexed);
+    let mut decoder = options.read_info(Cursor::new(bytes)).map_err(gif_error)?;
+    let frame = match decoder.next_frame_info().map_err(gif_error)? {
+        Some(frame) => [frame.left, frame.top, frame.width, frame.height].map(u32::from),
+        None => return Err(SampleError::Corrupt("gif: no image in the file".into())),
+    };
+    let [left, top, width, height] = frame;
+    let canvas = (
+        u32::from(decoder.width()).max(left + width),
+        u32::from(decoder.height()).max(top + height),
+    );
+    Ok(GifStart {
+        decoder,
+        frame: (left, top, width, height),
+        canvas,
+    })
+}
+
+/// A GIF's size as Pillow gives it (see [`GifStart::canvas`]).
+pub(super) fn gif_size(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
+    Ok(gif_start(bytes)?.canvas)
+}
+
+/// Decodes a GIF's first frame as Pillow's `convert("RGB")` gives it: the frame's indices on a
+/// canvas of [`gif_size`] filled with the frame's transparent index (index 0 where it has
+/// none), each index through the frame's palette (its own, or the global one), an index past
+/// the palette black. Transparent pixels keep their palette colour.
+pub(super) fn decode_gif(
+    bytes: &[u8],
+    header: &ImageHeader,
+    out: &mut DecodedImage,
+) -> Result<(), SampleError> {
+    let GifStart {
+        mut decoder,
+        frame: (left, top, width, height),
+        canvas,
+    } = gif_start(bytes)?;
+    if canvas != (header.width, header.height) {
+        return Err(SampleError::Corrupt(format!(
+            "gif header gives {}x{} but the decoder {}x{}",
+            header.width, header.height, canvas.0, canvas.1
+        )));
+    }
+    let fill = decoder
+        .current_frame_info()
+        .and_then(|frame| frame.transparent)
+        .unwrap_or(0);
+    let mut colours = [[0u8; 3]; 256];
+    for (colour, entry) in colours
+        .iter_mut()
+        .zip(decoder.palette().map_err(gif_error)?.chunks_exact(3))
+    {
+        colour.copy_from_slice(entry);
+    }
+    // The frame lies inside the canvas, whose pixels the header's limit allowed.
+    let mut indices = vec![0u8; width as usize * height as usize];
+    decoder.read_into_buffer(&mut indices).map_err(gif_error)?;
+    let (canvas_width, frame_width) = (header.width as usize, width as usize);
+    out.pixels.clear();
+    for _ in 0..canvas_width * header.height as usize {
+        out.pixels.extend_from_slice(&colours[usize::from(fill)]);
+    }
+    if frame_width > 0 {
+        for (y, row) in indices.chunks_exact(frame_width).enumerate() {
+            let start = ((top as usize + y) * canvas_width + left as usize) * 3;
+            let line = &mut out.pixels[start..start + frame_width * 3];
+            for (pixel, &index) in line.chunks_exact_mut(3).zip(row) {
+                pixel.copy_from_slice(&colours[usize::from(index)]);
+            }
+        }
+    }
+    out.width = header.width;
+    out.height = header.height;
+    out.offset_x = 0;
+    out.offset_y = 0;
+    out.scaled_width = header.width;
+    out.scaled_height = header.height;
+    out.scale_eighths = 8;
+    out.original_width = header.width;
+    out.original_height = header.height;
+    Ok(())
+}
+
 /// Bytes per pixel of the widest output the `image` crate decodes to (RGBA, f32 samples).
 const WIDEST_PIXEL_BYTES: u64 = 16;
 
-/// Decodes a WebP, BMP, TIFF, PNM or GIF through the `image` crate.
+/// Decodes a WebP, BMP, TIFF or PNM through the `image` crate.
 ///
 /// The decoder may not produce an image larger than the header said (which [`read_header`]
 /// checked against the pixel limit), nor allocate more than twice the widest output of that

@@ -7,7 +7,10 @@
 //! - WebP (lossy, lossless, with alpha; an animation's first frame), BMP, TIFF (the first
 //!   page, one plane of gray, RGB, RGBA or CMYK samples: a palette, YCbCr, planar or
 //!   gray-with-alpha TIFF, which PIL reads, is [`SampleError::UnsupportedKind`], and a BigTIFF
-//!   no format Stoker decodes), PBM/PGM/PPM and GIF (the first frame) through the `image` crate.
+//!   no format Stoker decodes) and PBM/PGM/PPM through the `image` crate;
+//! - GIF (the first frame) through the `gif` crate, composed as Pillow composes it: on a
+//!   canvas of the logical screen (grown to hold the frame where it reaches past), the part the
+//!   frame leaves uncovered in the colour of its transparent index (else of index 0).
 //!
 //! The format comes from the bytes ([`sniff_format`]), never from a file name. Alpha is dropped
 //! without compositing and gray is replicated to three channels, as `convert("RGB")` does (a
@@ -54,7 +57,7 @@ mod jpeg_markers;
 
 use super::geometry::CropWindow;
 use crate::error::SampleError;
-use formats::{bmp_size, decode_png, decode_with_image_crate, png_header};
+use formats::{bmp_size, decode_gif, decode_png, decode_with_image_crate, gif_size, png_header};
 use jpeg_markers::jpeg_size;
 
 /// A libjpeg warning that says nothing of the pixels: bytes between the last scan's data and the
@@ -138,9 +141,11 @@ pub fn read_header(bytes: &[u8], max_pixels: u64) -> Result<ImageHeader, SampleE
         ImageFormat::Jpeg => jpeg_size(bytes)?,
         // A BMP's height is signed (top-down rows), and an OS/2 header's fields are 16-bit.
         ImageFormat::Bmp => bmp_size(bytes)?,
+        // A GIF's size is Pillow's: the logical screen, grown to hold the first frame.
+        ImageFormat::Gif => gif_size(bytes)?,
         // The others have their size in a fixed header (a TIFF's in its first directory),
         // which imagesize reads without touching pixel data.
-        ImageFormat::WebP | ImageFormat::Tiff | ImageFormat::Pnm | ImageFormat::Gif => {
+        ImageFormat::WebP | ImageFormat::Tiff | ImageFormat::Pnm => {
             let size = imagesize::blob_size(bytes)
                 .map_err(|e| SampleError::Corrupt(format!("{} header: {e}", format.name())))?;
             (
@@ -185,7 +190,7 @@ pub fn decode(
         ImageFormat::Bmp => decode_with_image_crate(bytes, header, image::ImageFormat::Bmp, out),
         ImageFormat::Tiff => decode_with_image_crate(bytes, header, image::ImageFormat::Tiff, out),
         ImageFormat::Pnm => decode_with_image_crate(bytes, header, image::ImageFormat::Pnm, out),
-        ImageFormat::Gif => decode_with_image_crate(bytes, header, image::ImageFormat::Gif, out),
+        ImageFormat::Gif => decode_gif(bytes, header, out),
         ImageFormat::Other => Err(SampleError::UnsupportedFormat),
     }
 }
