@@ -108,6 +108,28 @@ def with_jfif_version_2(jpeg: bytes) -> bytes:
     return jpeg[:at] + b"\x02\x01" + jpeg[at + 2 :]
 
 
+def with_associated_alpha(tiff: bytes) -> bytes:
+    """The little-endian TIFF (one image, an ExtraSamples tag of one value) with its alpha
+    declared associated: Pillow divides the colour samples by it."""
+    data = bytearray(tiff)
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    for entry in range(struct.unpack_from("<H", data, ifd)[0]):
+        at = ifd + 2 + 12 * entry
+        if struct.unpack_from("<H", data, at)[0] == 338:
+            struct.pack_into("<H", data, at + 8, 1)
+            return bytes(data)
+    raise AssertionError("no ExtraSamples tag")
+
+
+def premultiplied_rgba() -> np.ndarray:
+    """RGBA with alpha from 0 to 255 across the image and each colour at most its alpha."""
+    rgba = photo(4)
+    alpha = np.linspace(0, 255, WIDTH).astype(np.uint16)[None, :, None]
+    rgba[..., 3:] = alpha
+    rgba[..., :3] = (rgba[..., :3].astype(np.uint16) * alpha // 255).astype(np.uint8)
+    return rgba
+
+
 def with_junk_between_segments(jpeg: bytes) -> bytes:
     """The JPEG with bytes libjpeg discards (warning "extraneous bytes before marker"): any
     after its JFIF header, zeros after its tables; Pillow reads the pixels."""
@@ -138,6 +160,9 @@ LOSSLESS: dict[str, Callable[[], bytes]] = {
     "tiff lzw": lambda: saved(Image.fromarray(photo()), "TIFF", compression="tiff_lzw"),
     "tiff deflate rgba": lambda: saved(
         Image.fromarray(photo(4), "RGBA"), "TIFF", compression="tiff_adobe_deflate"
+    ),
+    "tiff rgba, associated alpha": lambda: with_associated_alpha(
+        saved(Image.fromarray(premultiplied_rgba(), "RGBA"), "TIFF")
     ),
     "ppm": lambda: saved(Image.fromarray(photo()), "PPM"),
     "pgm": lambda: saved(Image.fromarray(photo(1)[..., 0], "L"), "PPM"),
@@ -216,8 +241,10 @@ def gif_frame_on_screen(
         out += b"\x21\xf9\x04\x01\x00\x00" + bytes([transparent]) + b"\x00"
     local_flags = (0x81 if local_palette else 0) | (0x40 if interlaced else 0)
     out += b"\x2c" + struct.pack("<HHHHB", left, top, width, height, local_flags) + local_palette
+    # Each row its own indices (row r's first four are r's bits), so rows out of order show.
+    indices = [(y >> x) & 1 if x < 4 else x % 4 for y in range(height) for x in range(width)]
     # LZW of 3-bit codes: a clear code before each index keeps the code size from growing.
-    codes = [code for i in range(width * height) for code in (4, (i * 7 // 3) % 4)] + [5]
+    codes = [code for index in indices for code in (4, index)] + [5]
     packed = sum(code << (3 * n) for n, code in enumerate(codes))
     data = packed.to_bytes((3 * len(codes) + 7) // 8, "little")
     blocks = b"".join(
@@ -252,6 +279,43 @@ def test_a_gifs_first_frame_lies_on_the_canvas_pillow_gives(name: str) -> None:
     height, width = theirs.shape[:2]
     ours = stoker_rgb(data, (width, height))
     np.testing.assert_array_equal(ours, theirs)
+
+
+def gif_with_blocks(blocks: bytes, transparent: int | None = 3) -> bytes:
+    """A GIF of ``GIF_FRAMES``' kind with ``blocks`` put before its image descriptor."""
+    data = gif_frame_on_screen((9, 7), (2, 1, 5, 4), GIF_PALETTE, transparent=transparent)
+    at = data.index(b"\x2c\x02\x00\x01\x00")
+    return data[:at] + blocks + data[at:]
+
+
+# GIFs Pillow reads and Stoker does not (the `gif` crate refuses them): the ``DecodeImage`` and
+# decode module docs list them.
+GIFS_REFUSED: dict[str, Callable[[], bytes]] = {
+    "no colour table": lambda: gif_frame_on_screen((9, 7), (2, 1, 5, 4)),
+    "an extension of an unknown label": lambda: gif_with_blocks(b"\x21\x99\x02ab\x00"),
+    "a graphic control block of 5 bytes": lambda: gif_with_blocks(
+        b"\x21\xf9\x05\x01\x00\x00\x02\x00\x00", transparent=None
+    ),
+    "a stray byte between blocks": lambda: gif_with_blocks(b"\x07"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GIFS_REFUSED))
+def test_gifs_the_gif_crate_refuses_are_bad_samples(name: str) -> None:
+    data = GIFS_REFUSED[name]()
+    theirs = pillow_rgb(data)
+    with pytest.raises(stoker.DecodeError, match="gif"):
+        stoker_rgb(data, (theirs.shape[1], theirs.shape[0]))
+
+
+def test_of_two_graphic_control_blocks_the_last_gives_the_transparent_index() -> None:
+    # The file's own block makes index 3 transparent; a second one, without transparency,
+    # follows it. Pillow keeps index 3 for the canvas; Stoker takes the second: index 0.
+    data = gif_with_blocks(b"\x21\xf9\x04\x00\x00\x00\x00\x00")
+    ours, theirs = stoker_rgb(data, (9, 7)), pillow_rgb(data)
+    assert theirs[0, 0].tolist() == list(GIF_PALETTE[9:12])
+    assert ours[0, 0].tolist() == list(GIF_PALETTE[0:3])
+    np.testing.assert_array_equal(ours[1:5, 2:7], theirs[1:5, 2:7])
 
 
 @pytest.mark.parametrize("format", ["PPM", "TIFF", "PNG"])
@@ -308,7 +372,7 @@ UNREAD_TIFFS: dict[str, Callable[[], bytes]] = {
 def test_tiffs_pillow_reads_and_stoker_does_not_are_bad_samples_naming_why(name: str) -> None:
     data = UNREAD_TIFFS[name]()
     assert pillow_rgb(data).ndim == 3
-    why = "an image of a kind Stoker does not decode" if name != "bigtiff" else "not an image"
+    why = "an image of a kind Stoker does not decode: tiff"
     with pytest.raises(stoker.DecodeError, match=why):
         stoker_rgb(data, Image.open(io.BytesIO(data)).size)
 

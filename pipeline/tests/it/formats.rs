@@ -579,6 +579,22 @@ fn a_gif_frame_smaller_than_its_screen_lies_on_pillows_canvas() {
             }
         }
     }
+    // The screen's background index counts for nothing.
+    let mut background = gif_frame((8, 6), (2, 1), (4, 3), &ones, &global, None, None);
+    background[11] = 2;
+    let decoded = try_decode(&background, &request(None, (8, 6), false)).unwrap();
+    assert_eq!(decoded.pixels[..3], RED);
+    // A palette of gray entries in index order is gray to Pillow past its end too.
+    let ramp: Vec<u8> = [[0; 3], [1; 3]].concat();
+    let file = gif_frame((3, 1), (0, 0), (3, 1), &[1, 7, 0], &ramp, None, None);
+    let decoded = try_decode(&file, &request(None, (3, 1), false)).unwrap();
+    assert_eq!(decoded.pixels, [[1; 3], [7; 3], [0; 3]].concat());
+    // An empty first frame is no image.
+    let empty = gif_frame((4, 3), (1, 1), (0, 2), &[], &global, None, None);
+    assert!(matches!(
+        try_decode(&empty, &request(None, (4, 3), false)),
+        Err(SampleError::Corrupt(_))
+    ));
     // An index past the palette is black.
     let file = gif_frame(
         (2, 1),

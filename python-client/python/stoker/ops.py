@@ -195,12 +195,17 @@ class DecodeImage(Op):
 
     JPEG (CMYK and YCCK too), PNG, WebP, BMP, TIFF (the first page, one plane of gray, RGB,
     RGBA or CMYK samples), PBM/PGM/PPM and GIF (the first frame), told apart by their bytes,
-    not their names; alpha is dropped, gray replicated. Anything else is a bad sample (see
+    not their names; alpha is dropped (a TIFF's premultiplied alpha divided out first, as PIL
+    does), gray replicated. Anything else is a bad sample (see
     ``Loader(on_error=...)``), also where PIL reads it: a palette, YCbCr, planar or
     gray-with-alpha TIFF, a BigTIFF. Where PIL differs: 16-bit gray (PNG, TIFF, PGM) keeps
     its high byte, where PIL clips it at 255 (nearly white); a PNM of a maximum other than
     255, and an 8-bit CMYK TIFF, may round one level apart (a 16-bit CMYK TIFF is converted
-    by the ``image`` crate too, and was not compared).
+    by the ``image`` crate too, and was not compared); a GIF without a colour table, or with
+    blocks the ``gif`` crate refuses (an extension of an unknown label, a graphic control
+    block not of 4 bytes, a stray byte between blocks), is a bad sample; of two graphic
+    control blocks before a GIF's first frame, the last gives the transparent index (in PIL,
+    the last that gives one).
 
     Args:
         max_pixels: refuse images with more pixels than this (a decompression-bomb guard).

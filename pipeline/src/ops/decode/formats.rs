@@ -155,8 +155,8 @@ pub(super) fn gif_size(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
 
 /// Decodes a GIF's first frame as Pillow's `convert("RGB")` gives it: the frame's indices on a
 /// canvas of [`gif_size`] filled with the frame's transparent index (index 0 where it has
-/// none), each index through the frame's palette (its own, or the global one), an index past
-/// the palette black. Transparent pixels keep their palette colour.
+/// none), each index through the palette Pillow picks ([`gif_colours`]). Transparent pixels
+/// keep their palette colour.
 pub(super) fn decode_gif(
     bytes: &[u8],
     header: &ImageHeader,
@@ -173,32 +173,31 @@ pub(super) fn decode_gif(
             header.width, header.height, canvas.0, canvas.1
         )));
     }
-    let fill = decoder
-        .current_frame_info()
-        .and_then(|frame| frame.transparent)
-        .unwrap_or(0);
-    let mut colours = [[0u8; 3]; 256];
-    for (colour, entry) in colours
-        .iter_mut()
-        .zip(decoder.palette().map_err(gif_error)?.chunks_exact(3))
-    {
-        colour.copy_from_slice(entry);
+    if width == 0 || height == 0 {
+        return Err(SampleError::Corrupt(format!(
+            "gif: the first frame is {width}x{height}"
+        )));
     }
+    let (fill, local) = match decoder.current_frame_info() {
+        Some(frame) => (frame.transparent.unwrap_or(0), frame.palette.clone()),
+        None => (0, None),
+    };
+    let colours = gif_colours(local.as_deref(), decoder.global_palette());
     // The frame lies inside the canvas, whose pixels the header's limit allowed.
     let mut indices = vec![0u8; width as usize * height as usize];
     decoder.read_into_buffer(&mut indices).map_err(gif_error)?;
     let (canvas_width, frame_width) = (header.width as usize, width as usize);
     out.pixels.clear();
-    for _ in 0..canvas_width * header.height as usize {
-        out.pixels.extend_from_slice(&colours[usize::from(fill)]);
+    out.pixels
+        .resize(canvas_width * header.height as usize * 3, 0);
+    for pixel in out.pixels.chunks_exact_mut(3) {
+        pixel.copy_from_slice(&colours[usize::from(fill)]);
     }
-    if frame_width > 0 {
-        for (y, row) in indices.chunks_exact(frame_width).enumerate() {
-            let start = ((top as usize + y) * canvas_width + left as usize) * 3;
-            let line = &mut out.pixels[start..start + frame_width * 3];
-            for (pixel, &index) in line.chunks_exact_mut(3).zip(row) {
-                pixel.copy_from_slice(&colours[usize::from(index)]);
-            }
+    for (y, row) in indices.chunks_exact(frame_width).enumerate() {
+        let start = ((top as usize + y) * canvas_width + left as usize) * 3;
+        let line = &mut out.pixels[start..start + frame_width * 3];
+        for (pixel, &index) in line.chunks_exact_mut(3).zip(row) {
+            pixel.copy_from_slice(&colours[usize::from(index)]);
         }
     }
     out.width = header.width;
@@ -211,6 +210,37 @@ pub(super) fn decode_gif(
     out.original_width = header.width;
     out.original_height = header.height;
     Ok(())
+}
+
+/// The colour of each index of a GIF's first frame, from the palette Pillow picks: it reads a
+/// palette whose entries are their own indices in gray ((0,0,0), (1,1,1)...) as none, then
+/// takes the frame's own palette, else the global one, else gray (index i as (i,i,i), past
+/// the palette too); an index past a palette is black.
+fn gif_colours(local: Option<&[u8]>, global: Option<&[u8]>) -> [[u8; 3]; 256] {
+    let gray_ramp = |palette: &[u8]| {
+        palette
+            .chunks_exact(3)
+            .enumerate()
+            .all(|(i, entry)| entry.iter().all(|&sample| usize::from(sample) == i))
+    };
+    let mut colours = [[0u8; 3]; 256];
+    match [local, global]
+        .into_iter()
+        .flatten()
+        .find(|p| !gray_ramp(p))
+    {
+        Some(palette) => {
+            for (colour, entry) in colours.iter_mut().zip(palette.chunks_exact(3)) {
+                colour.copy_from_slice(entry);
+            }
+        }
+        None => {
+            for (i, colour) in colours.iter_mut().enumerate() {
+                *colour = [i as u8; 3];
+            }
+        }
+    }
+    colours
 }
 
 /// Bytes per pixel of the widest output the `image` crate decodes to (RGBA, f32 samples).
@@ -251,6 +281,11 @@ pub(super) fn decode_with_image_crate(
             decoded.height()
         )));
     }
+    let decoded = if format == image::ImageFormat::Tiff && tiff_alpha_is_associated(bytes) {
+        unpremultiplied(decoded)
+    } else {
+        decoded
+    };
     rgb8_of(decoded, &mut out.pixels);
     out.width = header.width;
     out.height = header.height;
@@ -262,6 +297,49 @@ pub(super) fn decode_with_image_crate(
     out.original_width = header.width;
     out.original_height = header.height;
     Ok(())
+}
+
+/// Whether a TIFF's first image holds associated (premultiplied) alpha: its first extra
+/// sample is of kind 1. The `image` crate hands such samples through as they are stored.
+fn tiff_alpha_is_associated(bytes: &[u8]) -> bool {
+    tiff::decoder::Decoder::new(Cursor::new(bytes))
+        .and_then(|mut decoder| decoder.find_tag_unsigned_vec::<u16>(tiff::tags::Tag::ExtraSamples))
+        .is_ok_and(|kinds| kinds.and_then(|kinds| kinds.first().copied()) == Some(1))
+}
+
+/// RGBA of premultiplied samples divided by their alpha as Pillow's `RGBa` unpacking does:
+/// each colour times 255 over alpha, truncated and clipped at 255; a pixel of alpha 0 black.
+/// 16-bit samples by their high bytes (Pillow's `RGBa;16`); other layouts as they are.
+fn unpremultiplied(decoded: image::DynamicImage) -> image::DynamicImage {
+    let mut rgba = match decoded {
+        image::DynamicImage::ImageRgba8(rgba) => rgba,
+        image::DynamicImage::ImageRgba16(rgba) => {
+            let (width, height) = rgba.dimensions();
+            let high = rgba
+                .as_raw()
+                .iter()
+                .map(|&sample| (sample >> 8) as u8)
+                .collect();
+            match image::RgbaImage::from_raw(width, height, high) {
+                Some(rgba) => rgba,
+                None => return image::DynamicImage::ImageRgba16(rgba),
+            }
+        }
+        other => return other,
+    };
+    for pixel in rgba.pixels_mut() {
+        let alpha = u32::from(pixel[3]);
+        match alpha {
+            0 => pixel.0 = [0; 4],
+            255 => {}
+            _ => {
+                for sample in &mut pixel.0[..3] {
+                    *sample = (u32::from(*sample) * 255 / alpha).min(255) as u8;
+                }
+            }
+        }
+    }
+    image::DynamicImage::ImageRgba8(rgba)
 }
 
 /// Packed RGB8 of any decoded image into `rgb`: alpha dropped without compositing, gray
@@ -294,5 +372,68 @@ pub(super) fn rgb8_of(decoded: image::DynamicImage, rgb: &mut Vec<u8>) {
         DynamicImage::ImageLuma16(image) => expand(image.as_raw(), 1, high_byte, rgb),
         DynamicImage::ImageLumaA16(image) => expand(image.as_raw(), 2, high_byte, rgb),
         other => *rgb = other.to_rgb8().into_raw(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gifs_colours_come_from_the_palette_pillow_picks() {
+        let colour: Vec<u8> = vec![255, 0, 0, 0, 255, 0];
+        let gray: Vec<u8> = vec![0, 0, 0, 1, 1, 1];
+        let lit = |colours: [[u8; 3]; 256]| [colours[0], colours[1], colours[2], colours[200]];
+        // The frame's own palette, an index past it black.
+        let picked = gif_colours(Some(&colour), Some(&gray));
+        assert_eq!(
+            lit(picked),
+            [[255, 0, 0], [0, 255, 0], [0, 0, 0], [0, 0, 0]]
+        );
+        // A gray ramp is no palette to Pillow: the global one, else gray past the ramp too.
+        let picked = gif_colours(Some(&gray), Some(&colour));
+        assert_eq!(
+            lit(picked),
+            [[255, 0, 0], [0, 255, 0], [0, 0, 0], [0, 0, 0]]
+        );
+        for (local, global) in [
+            (None, Some(&gray[..])),
+            (Some(&gray[..]), None),
+            (None, None),
+        ] {
+            let picked = gif_colours(local, global);
+            assert_eq!(
+                lit(picked),
+                [[0, 0, 0], [1, 1, 1], [2, 2, 2], [200, 200, 200]]
+            );
+        }
+        // A gray palette out of order is a palette.
+        let picked = gif_colours(None, Some(&[1, 1, 1, 0, 0, 0]));
+        assert_eq!(lit(picked), [[1, 1, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0]]);
+    }
+
+    #[test]
+    fn premultiplied_samples_are_divided_by_alpha_as_pillow_does() {
+        let pixels = vec![
+            0, 0, 0, 0, // alpha 0
+            9, 9, 9, 0, // alpha 0, colour left in: black, as Pillow gives it
+            19, 26, 52, 64, // 19 * 255 / 64 = 75.7: 75
+            200, 64, 1, 64, // above alpha: clipped at 255
+            34, 102, 51, 255, // opaque: as stored
+        ];
+        let rgba = image::RgbaImage::from_raw(5, 1, pixels).unwrap();
+        let out = unpremultiplied(image::DynamicImage::ImageRgba8(rgba));
+        assert_eq!(
+            out.as_bytes(),
+            [0, 0, 0, 0, 0, 0, 0, 0, 75, 103, 207, 64, 255, 255, 3, 64, 34, 102, 51, 255]
+        );
+        // 16-bit samples by their high bytes.
+        let wide = image::ImageBuffer::from_raw(1, 1, vec![19 << 8 | 0xFF, 0, 0, 64 << 8]).unwrap();
+        let out = unpremultiplied(image::DynamicImage::ImageRgba16(wide));
+        assert_eq!(out.as_bytes(), [75, 0, 0, 64]);
+        // Layouts without alpha pass through.
+        let rgb = image::RgbImage::from_raw(1, 1, vec![1, 2, 3]).unwrap();
+        let out = unpremultiplied(image::DynamicImage::ImageRgb8(rgb));
+        assert_eq!(out.as_bytes(), [1, 2, 3]);
     }
 }

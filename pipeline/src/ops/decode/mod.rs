@@ -6,15 +6,17 @@
 //! - PNG through the `png` crate;
 //! - WebP (lossy, lossless, with alpha; an animation's first frame), BMP, TIFF (the first
 //!   page, one plane of gray, RGB, RGBA or CMYK samples: a palette, YCbCr, planar or
-//!   gray-with-alpha TIFF, which PIL reads, is [`SampleError::UnsupportedKind`], and a BigTIFF
-//!   no format Stoker decodes) and PBM/PGM/PPM through the `image` crate;
+//!   gray-with-alpha TIFF or a BigTIFF, which PIL reads, is [`SampleError::UnsupportedKind`])
+//!   and PBM/PGM/PPM through the `image` crate;
 //! - GIF (the first frame) through the `gif` crate, composed as Pillow composes it: on a
 //!   canvas of the logical screen (grown to hold the frame where it reaches past), the part the
-//!   frame leaves uncovered in the colour of its transparent index (else of index 0).
+//!   frame leaves uncovered in the colour of its transparent index (else of index 0), a palette
+//!   of gray entries in index order read as gray for every index, as Pillow reads it.
 //!
 //! The format comes from the bytes ([`sniff_format`]), never from a file name. Alpha is dropped
 //! without compositing and gray is replicated to three channels, as `convert("RGB")` does (a
-//! GIF's transparent pixels keep their palette colour, as PIL's palette lookup gives them).
+//! GIF's transparent pixels keep their palette colour, as PIL's palette lookup gives them; a
+//! TIFF's associated, premultiplied, alpha is first divided out as Pillow's unpacking does).
 //! Where PIL differs, measured against Pillow 13.0:
 //!
 //! - 16-bit samples keep their high byte. PIL does the same for 16-bit colour PNG and TIFF, but
@@ -23,7 +25,11 @@
 //! - PNM with a maximum other than 255 (a 16-bit PPM, a PGM of maxval 100) is scaled to 8 bits
 //!   by the `image` crate and by PIL with other rounding: one level apart at most; a CMYK
 //!   TIFF is turned into RGB by the `image` crate's formula, one level from Pillow's at most
-//!   for 8-bit samples (16-bit ones were not compared).
+//!   for 8-bit samples (16-bit ones were not compared);
+//! - a GIF without any colour table (gray to PIL), or with blocks the `gif` crate refuses (an
+//!   extension of an unknown label, a graphic control block not of 4 bytes, a stray byte
+//!   between blocks), is a bad sample; of two graphic control blocks before the first frame,
+//!   the transparent index is the last one's here, the last one that gives one in PIL.
 //!
 //! Lossy WebP comes out bit-exact against Pillow's libwebp 1.6 on every image tried (qualities
 //! 5 to 99, methods 0 to 6, with and without alpha); the Python suite's
@@ -134,6 +140,12 @@ pub fn read_header(bytes: &[u8], max_pixels: u64) -> Result<ImageHeader, SampleE
     let format = sniff_format(bytes);
     let (width, height) = match format {
         ImageFormat::Png => png_header(bytes)?,
+        // BigTIFF's leading bytes are no TIFF's to `sniff_format`; a BigTIFF is named as one.
+        ImageFormat::Other if bytes.starts_with(b"II+\0") || bytes.starts_with(b"MM\0+") => {
+            return Err(SampleError::UnsupportedKind(
+                "tiff: a BigTIFF (64-bit offsets)".into(),
+            ))
+        }
         ImageFormat::Other => return Err(SampleError::UnsupportedFormat),
         // For JPEG, TurboJPEG's header call reports success without touching its stored size
         // when the data ends before the frame header (it takes that for a tables-only stream),
