@@ -130,6 +130,30 @@ def premultiplied_rgba() -> np.ndarray:
     return rgba
 
 
+def associated_alpha_tiff(rgba: np.ndarray, big_endian: bool, extra_samples_type: int) -> bytes:
+    """An uncompressed RGBA TIFF of one strip whose alpha is associated (ExtraSamples 1, of
+    TIFF type ``extra_samples_type``: 3 unsigned, 8 signed), 8- or 16-bit as ``rgba`` is."""
+    order = ">" if big_endian else "<"
+    height, width = rgba.shape[:2]
+    pixels = rgba.astype(rgba.dtype.newbyteorder(order)).tobytes()
+    bits_at = 8 + len(pixels)
+    ifd_at = bits_at + 8
+    entries = [  # tag, type, count, value (a short one left-aligned in its field)
+        *((tag, 4, 1, value) for tag, value in ((256, width), (257, height), (273, 8))),
+        (258, 3, 4, bits_at),
+        *((tag, 3, 1, value) for tag, value in ((259, 1), (262, 2), (277, 4), (284, 1))),
+        *((tag, 4, 1, value) for tag, value in ((278, height), (279, len(pixels)))),
+        (338, extra_samples_type, 1, 1),
+    ]
+    out = (b"MM" if big_endian else b"II") + struct.pack(order + "HI", 42, ifd_at) + pixels
+    out += struct.pack(order + "4H", *[rgba.dtype.itemsize * 8] * 4)
+    out += struct.pack(order + "H", len(entries))
+    for tag, kind, count, value in sorted(entries):
+        field = "I" if kind == 4 or count > 1 else "h2x" if kind == 8 else "H2x"
+        out += struct.pack(order + "HHI" + field, tag, kind, count, value)
+    return out + struct.pack(order + "I", 0)
+
+
 def with_junk_between_segments(jpeg: bytes) -> bytes:
     """The JPEG with bytes libjpeg discards (warning "extraneous bytes before marker"): any
     after its JFIF header, zeros after its tables; Pillow reads the pixels."""
@@ -194,6 +218,24 @@ def test_the_cmyk_files_are_what_they_claim() -> None:
     assert b"\xff\xee" not in stripped
     for data in (adobe, stripped):
         assert Image.open(io.BytesIO(data)).mode == "CMYK"
+
+
+@pytest.mark.parametrize(
+    ("bits", "big_endian", "extra_samples_type"),
+    [(8, False, 3), (8, True, 8), (16, False, 3), (16, True, 3)],
+)
+def test_a_tiffs_associated_alpha_is_divided_out_as_pillow_does(
+    bits: int, big_endian: bool, extra_samples_type: int
+) -> None:
+    # Any colour under any alpha: above it (clipped), under alpha 0 (black), opaque.
+    rng = np.random.default_rng(bits + big_endian)
+    dtype = np.uint8 if bits == 8 else np.uint16
+    rgba = rng.integers(0, 1 << bits, (HEIGHT, WIDTH, 4), dtype=dtype)
+    rgba[0, :4, 3] = [0, 1 << (bits - 8), (1 << bits) - 1, 0]
+    data = associated_alpha_tiff(rgba, big_endian, extra_samples_type)
+    ours, theirs = stoker_rgb(data), pillow_rgb(data)
+    assert theirs[0, 0].tolist() == [0, 0, 0] and theirs[0, 2].tolist() != [0, 0, 0]
+    np.testing.assert_array_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSY))
@@ -267,6 +309,9 @@ GIF_FRAMES: dict[str, Callable[[], bytes]] = {
     "a local palette alone": lambda: gif_frame_on_screen(
         (9, 7), (1, 1, 3, 3), b"", GIF_LOCAL_PALETTE
     ),
+    "a gray local palette over a coloured global one": lambda: gif_frame_on_screen(
+        (9, 7), (1, 1, 3, 3), GIF_PALETTE, bytes(i // 3 for i in range(12))
+    ),
     "interlaced": lambda: gif_frame_on_screen((9, 12), (1, 2, 6, 9), GIF_PALETTE, interlaced=True),
     "past the screen": lambda: gif_frame_on_screen((6, 5), (3, 2, 5, 4), GIF_PALETTE),
 }
@@ -296,6 +341,9 @@ GIFS_REFUSED: dict[str, Callable[[], bytes]] = {
     "a graphic control block of 5 bytes": lambda: gif_with_blocks(
         b"\x21\xf9\x05\x01\x00\x00\x02\x00\x00", transparent=None
     ),
+    "a graphic control block of 3 bytes": lambda: gif_with_blocks(
+        b"\x21\xf9\x03\x00\x00\x00\x00", transparent=None
+    ),
     "a stray byte between blocks": lambda: gif_with_blocks(b"\x07"),
 }
 
@@ -308,11 +356,22 @@ def test_gifs_the_gif_crate_refuses_are_bad_samples(name: str) -> None:
         stoker_rgb(data, (theirs.shape[1], theirs.shape[0]))
 
 
-def test_of_two_graphic_control_blocks_the_last_gives_the_transparent_index() -> None:
-    # The file's own block makes index 3 transparent; a second one, without transparency,
-    # follows it. Pillow keeps index 3 for the canvas; Stoker takes the second: index 0.
-    data = gif_with_blocks(b"\x21\xf9\x04\x00\x00\x00\x00\x00")
-    ours, theirs = stoker_rgb(data, (9, 7)), pillow_rgb(data)
+@pytest.mark.parametrize(
+    "data",
+    [
+        # The file's own block makes index 3 transparent; a second one, without transparency,
+        # follows it.
+        lambda: gif_with_blocks(b"\x21\xf9\x04\x00\x00\x00\x00\x00"),
+        # One block of two sub-blocks: the first makes index 3 transparent, the second not.
+        lambda: gif_with_blocks(
+            b"\x21\xf9\x04\x01\x00\x00\x03\x04\x00\x00\x00\x00\x00", transparent=None
+        ),
+    ],
+    ids=["two blocks", "two sub-blocks"],
+)
+def test_the_last_graphic_control_gives_the_transparent_index(data: Callable[[], bytes]) -> None:
+    # Pillow keeps index 3 for the canvas; Stoker takes the last word: none, so index 0.
+    ours, theirs = stoker_rgb(data(), (9, 7)), pillow_rgb(data())
     assert theirs[0, 0].tolist() == list(GIF_PALETTE[9:12])
     assert ours[0, 0].tolist() == list(GIF_PALETTE[0:3])
     np.testing.assert_array_equal(ours[1:5, 2:7], theirs[1:5, 2:7])

@@ -340,6 +340,16 @@ fn what_is_no_image_stays_unsupported() {
     }
 }
 
+#[test]
+fn a_bigtiff_is_named_as_one() {
+    for head in [&b"II+\0\x08\0\0\0"[..], b"MM\0+\0\x08\0\0"] {
+        match read_header(head, DEFAULT_MAX_PIXELS) {
+            Err(SampleError::UnsupportedKind(what)) => assert!(what.contains("BigTIFF"), "{what}"),
+            other => panic!("{head:?}: {other:?}"),
+        }
+    }
+}
+
 /// CMYK as libjpeg stores it (Adobe's inverted convention: 255 is no ink), K varying.
 fn cmyk_pattern() -> Vec<u8> {
     let mut pixels = Vec::new();

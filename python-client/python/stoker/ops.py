@@ -203,9 +203,10 @@ class DecodeImage(Op):
     255, and an 8-bit CMYK TIFF, may round one level apart (a 16-bit CMYK TIFF is converted
     by the ``image`` crate too, and was not compared); a GIF without a colour table, or with
     blocks the ``gif`` crate refuses (an extension of an unknown label, a graphic control
-    block not of 4 bytes, a stray byte between blocks), is a bad sample; of two graphic
-    control blocks before a GIF's first frame, the last gives the transparent index (in PIL,
-    the last that gives one).
+    block of more than 4 bytes or of 3 without transparency, a stray byte between blocks), is
+    a bad sample; a GIF's transparent index is the last graphic control block's before the
+    first frame (PIL keeps an earlier one's where the last gives none), and of a block of
+    several sub-blocks, the last sub-block's (PIL reads the first).
 
     Args:
         max_pixels: refuse images with more pixels than this (a decompression-bomb guard).

@@ -281,11 +281,16 @@ pub(super) fn decode_with_image_crate(
             decoded.height()
         )));
     }
-    let decoded = if format == image::ImageFormat::Tiff && tiff_alpha_is_associated(bytes) {
-        unpremultiplied(decoded)
-    } else {
-        decoded
-    };
+    let with_alpha = matches!(
+        decoded,
+        image::DynamicImage::ImageRgba8(_) | image::DynamicImage::ImageRgba16(_)
+    );
+    let decoded =
+        if with_alpha && format == image::ImageFormat::Tiff && tiff_alpha_is_associated(bytes) {
+            unpremultiplied(decoded)
+        } else {
+            decoded
+        };
     rgb8_of(decoded, &mut out.pixels);
     out.width = header.width;
     out.height = header.height;
@@ -300,11 +305,32 @@ pub(super) fn decode_with_image_crate(
 }
 
 /// Whether a TIFF's first image holds associated (premultiplied) alpha: its first extra
-/// sample is of kind 1. The `image` crate hands such samples through as they are stored.
+/// sample is of kind 1 (stored unsigned or signed, as Pillow reads either). The `image` crate
+/// hands such samples through as they are stored.
 fn tiff_alpha_is_associated(bytes: &[u8]) -> bool {
-    tiff::decoder::Decoder::new(Cursor::new(bytes))
-        .and_then(|mut decoder| decoder.find_tag_unsigned_vec::<u16>(tiff::tags::Tag::ExtraSamples))
-        .is_ok_and(|kinds| kinds.and_then(|kinds| kinds.first().copied()) == Some(1))
+    use tiff::decoder::ifd::Value;
+    let Ok(Some(kinds)) = tiff::decoder::Decoder::new(Cursor::new(bytes))
+        .and_then(|mut decoder| decoder.find_tag(tiff::tags::Tag::ExtraSamples))
+    else {
+        return false;
+    };
+    let first = match kinds {
+        Value::List(kinds) => kinds.into_iter().next(),
+        kind => Some(kind),
+    };
+    matches!(
+        first,
+        Some(
+            Value::Byte(1)
+                | Value::Short(1)
+                | Value::Unsigned(1)
+                | Value::UnsignedBig(1)
+                | Value::SignedByte(1)
+                | Value::SignedShort(1)
+                | Value::Signed(1)
+                | Value::SignedBig(1)
+        )
+    )
 }
 
 /// RGBA of premultiplied samples divided by their alpha as Pillow's `RGBa` unpacking does:

@@ -27,9 +27,11 @@
 //!   TIFF is turned into RGB by the `image` crate's formula, one level from Pillow's at most
 //!   for 8-bit samples (16-bit ones were not compared);
 //! - a GIF without any colour table (gray to PIL), or with blocks the `gif` crate refuses (an
-//!   extension of an unknown label, a graphic control block not of 4 bytes, a stray byte
-//!   between blocks), is a bad sample; of two graphic control blocks before the first frame,
-//!   the transparent index is the last one's here, the last one that gives one in PIL.
+//!   extension of an unknown label, a graphic control block of more than 4 bytes or of 3
+//!   without transparency, a stray byte between blocks), is a bad sample; the transparent
+//!   index is the last graphic control block's before the first frame here (PIL keeps an
+//!   earlier one's where the last gives none), and of a block of several sub-blocks, the last
+//!   sub-block's (PIL reads the first).
 //!
 //! Lossy WebP comes out bit-exact against Pillow's libwebp 1.6 on every image tried (qualities
 //! 5 to 99, methods 0 to 6, with and without alpha); the Python suite's
