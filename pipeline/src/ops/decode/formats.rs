@@ -102,15 +102,7 @@ pub(super) fn decode_png(
             }
         }
     }
-    out.width = width;
-    out.height = height;
-    out.offset_x = 0;
-    out.offset_y = 0;
-    out.scaled_width = width;
-    out.scaled_height = height;
-    out.scale_eighths = 8;
-    out.original_width = width;
-    out.original_height = height;
+    whole_image(out, width, height);
     Ok(())
 }
 
@@ -200,15 +192,7 @@ pub(super) fn decode_gif(
             pixel.copy_from_slice(&colours[usize::from(index)]);
         }
     }
-    out.width = header.width;
-    out.height = header.height;
-    out.offset_x = 0;
-    out.offset_y = 0;
-    out.scaled_width = header.width;
-    out.scaled_height = header.height;
-    out.scale_eighths = 8;
-    out.original_width = header.width;
-    out.original_height = header.height;
+    whole_image(out, header.width, header.height);
     Ok(())
 }
 
@@ -241,6 +225,19 @@ fn gif_colours(local: Option<&[u8]>, global: Option<&[u8]>) -> [[u8; 3]; 256] {
         }
     }
     colours
+}
+
+/// Records in `out` that its pixels are a whole `width` x `height` image, unscaled.
+fn whole_image(out: &mut DecodedImage, width: u32, height: u32) {
+    out.width = width;
+    out.height = height;
+    out.offset_x = 0;
+    out.offset_y = 0;
+    out.scaled_width = width;
+    out.scaled_height = height;
+    out.scale_eighths = 8;
+    out.original_width = width;
+    out.original_height = height;
 }
 
 /// Bytes per pixel of the widest output the `image` crate decodes to (RGBA, f32 samples).
@@ -292,15 +289,7 @@ pub(super) fn decode_with_image_crate(
             decoded
         };
     rgb8_of(decoded, &mut out.pixels);
-    out.width = header.width;
-    out.height = header.height;
-    out.offset_x = 0;
-    out.offset_y = 0;
-    out.scaled_width = header.width;
-    out.scaled_height = header.height;
-    out.scale_eighths = 8;
-    out.original_width = header.width;
-    out.original_height = header.height;
+    whole_image(out, header.width, header.height);
     Ok(())
 }
 
