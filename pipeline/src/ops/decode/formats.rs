@@ -18,6 +18,15 @@ pub(super) fn png_header(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
     Ok((info.width, info.height))
 }
 
+/// Why bytes `sniff_format` finds in no format Stoker decodes are refused: a BigTIFF (whose
+/// leading bytes are no TIFF's to it) is named as one.
+pub(super) fn unsupported(bytes: &[u8]) -> SampleError {
+    if bytes.starts_with(b"II+\0") || bytes.starts_with(b"MM\0+") {
+        return SampleError::UnsupportedKind("tiff: a BigTIFF (64-bit offsets)".into());
+    }
+    SampleError::UnsupportedFormat
+}
+
 /// A BMP's size from its DIB header: a Windows header's signed height (negative for rows
 /// stored top down), or an OS/2 core header's 16-bit fields.
 pub(super) fn bmp_size(bytes: &[u8]) -> Result<(u32, u32), SampleError> {

@@ -65,7 +65,9 @@ mod jpeg_markers;
 
 use super::geometry::CropWindow;
 use crate::error::SampleError;
-use formats::{bmp_size, decode_gif, decode_png, decode_with_image_crate, gif_size, png_header};
+use formats::{
+    bmp_size, decode_gif, decode_png, decode_with_image_crate, gif_size, png_header, unsupported,
+};
 use jpeg_markers::jpeg_size;
 
 /// A libjpeg warning that says nothing of the pixels: bytes between the last scan's data and the
@@ -142,13 +144,7 @@ pub fn read_header(bytes: &[u8], max_pixels: u64) -> Result<ImageHeader, SampleE
     let format = sniff_format(bytes);
     let (width, height) = match format {
         ImageFormat::Png => png_header(bytes)?,
-        // BigTIFF's leading bytes are no TIFF's to `sniff_format`; a BigTIFF is named as one.
-        ImageFormat::Other if bytes.starts_with(b"II+\0") || bytes.starts_with(b"MM\0+") => {
-            return Err(SampleError::UnsupportedKind(
-                "tiff: a BigTIFF (64-bit offsets)".into(),
-            ))
-        }
-        ImageFormat::Other => return Err(SampleError::UnsupportedFormat),
+        ImageFormat::Other => return Err(unsupported(bytes)),
         // For JPEG, TurboJPEG's header call reports success without touching its stored size
         // when the data ends before the frame header (it takes that for a tables-only stream),
         // so the size comes from a marker scan of our own bytes instead.
