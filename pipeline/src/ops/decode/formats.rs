@@ -123,7 +123,7 @@ fn gif_error(error: gif::DecodingError) -> SampleError {
 struct GifStart<'a> {
     decoder: gif::Decoder<Cursor<&'a [u8]>>,
     /// The first frame's left, top, width and height.
-    frame: (u32, u32, u32, u32),
+    frame: [u32; 4],
     /// The image's size as Pillow gives it: the logical screen, grown to hold the first frame
     /// where that frame reaches past it.
     canvas: (u32, u32),
@@ -144,7 +144,7 @@ fn gif_start(bytes: &[u8]) -> Result<GifStart<'_>, SampleError> {
     );
     Ok(GifStart {
         decoder,
-        frame: (left, top, width, height),
+        frame,
         canvas,
     })
 }
@@ -165,7 +165,7 @@ pub(super) fn decode_gif(
 ) -> Result<(), SampleError> {
     let GifStart {
         mut decoder,
-        frame: (left, top, width, height),
+        frame: [left, top, width, height],
         canvas,
     } = gif_start(bytes)?;
     if canvas != (header.width, header.height) {

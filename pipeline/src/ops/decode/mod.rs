@@ -201,7 +201,7 @@ pub fn decode(
         ImageFormat::Tiff => decode_with_image_crate(bytes, header, image::ImageFormat::Tiff, out),
         ImageFormat::Pnm => decode_with_image_crate(bytes, header, image::ImageFormat::Pnm, out),
         ImageFormat::Gif => decode_gif(bytes, header, out),
-        ImageFormat::Other => Err(SampleError::UnsupportedFormat),
+        ImageFormat::Other => Err(unsupported(bytes)),
     }
 }
 
